@@ -1,0 +1,163 @@
+"""The contract between the job layer and a task (generate, summarize, classify, eval).
+
+The job layer reads rows into Items, asks the task to render each one into a prompt, applies the chat
+template and tokenizes (in batches), asks the task for the engine requests of that prompt, and finally
+hands the finished outputs back to the task to build the task's columns of the result record.
+
+A task never touches files, windows, shards or the engine loop; it only maps one item to requests and
+outputs to columns. A bad row is reported by raising RowError; the job records it and goes on.
+"""
+
+from __future__ import annotations
+
+import string
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from bulkrun.engine.outputs import RequestOutput
+from bulkrun.engine.params import EngineRequest, SamplingParams
+
+
+@dataclass(slots=True)
+class Item:
+    index: int  # row number in the input, 0-based (JSONL: line number); unique and stable across runs
+    id: str  # from --id-field, else str(index)
+    fields: dict  # the row's columns (OpenAI batch lines: {"messages": [...], "body": {...}})
+
+
+class RowError(Exception):
+    """A row that cannot be processed; becomes an error record (id, row, kind, message)."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+@dataclass(slots=True)
+class TaskContext:
+    """What a task may need besides the item: given once, before any item, by the job layer."""
+
+    tokenizer: Any  # the model's HF tokenizer (e.g. to tokenize label continuations)
+    max_model_len: int
+    sampling: SamplingParams  # the job's sampling settings (seed = job seed)
+    n: int = 1  # samples per row
+    options: dict = field(default_factory=dict)  # task-specific options from the spec / CLI
+
+
+class Task(ABC):
+    """One kind of bulk work. Subclasses set `name` and implement render/requests/result."""
+
+    name: str = ""
+
+    def bind(self, ctx: TaskContext) -> None:
+        """Called once before any item; override to precompute (e.g. tokenize labels)."""
+        self.ctx = ctx
+
+    @abstractmethod
+    def render(self, item: Item) -> str | list[dict]:
+        """The prompt: plain text (wrapped as one user message, plus --system, when the chat template
+        is applied) or a list of chat messages. Raise RowError for a row that cannot be rendered."""
+
+    @abstractmethod
+    def requests(self, item: Item, prompt_ids: list[int]) -> list[EngineRequest]:
+        """The engine requests of this item. request_id must be unique within the item; the job layer
+        prefixes it to make it unique in the engine, and hands the outputs back in this order."""
+
+    @abstractmethod
+    def result(self, item: Item, outputs: list[RequestOutput]) -> dict:
+        """The task's columns of the result record (plain JSON-able values). Raise RowError to turn
+        the item into an error record instead."""
+
+    def summarize(self, results: list[dict]) -> dict | None:
+        """End-of-job metrics over all result records (eval); None when the task has none."""
+        return None
+
+    def metrics_need_results(self) -> bool:
+        """True if summarize() wants the result records (the job layer then streams them once)."""
+        return False
+
+
+# ---- helpers shared by tasks ---------------------------------------------------------------------
+
+
+def template_fields(template: str) -> list[str]:
+    """The plain `{name}` placeholders of a template; raises ValueError for anything fancier."""
+    names = []
+    for _, name, spec, conv in string.Formatter().parse(template):
+        if name is None:
+            continue
+        if not name.isidentifier() or spec or conv:
+            raise ValueError(f"prompt template placeholder '{{{name}}}' must be a plain {{field}} name")
+        names.append(name)
+    return names
+
+
+def fill_template(template: str, fields: dict) -> str:
+    """Fill `{field}` placeholders from the row; a missing field is a RowError."""
+    values = {}
+    for name in template_fields(template):
+        if name not in fields or fields[name] is None:
+            raise RowError("template_field_missing", f"prompt template needs field '{name}'")
+        value = fields[name]
+        values[name] = value if isinstance(value, str) else str(value)
+    return template.format_map(values)
+
+
+def text_field(fields: dict, name: str) -> str:
+    """The row's text field, checked: present, a string, not empty."""
+    if name not in fields or fields[name] is None:
+        raise RowError("missing_field", f"field '{name}' is missing")
+    value = fields[name]
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RowError("invalid_utf8", f"field '{name}' is not valid UTF-8: {exc.reason}") from None
+    if not isinstance(value, str):
+        raise RowError("not_a_string", f"field '{name}' is {type(value).__name__}, not a string")
+    if not value.strip():
+        raise RowError("empty_text", f"field '{name}' is empty")
+    return value
+
+
+def sample_seed(job_seed: int | None, item_id: str, sample: int) -> int | None:
+    """A per-sample seed from (job seed, item id, sample index): never from batch position, so a
+    resumed or re-sorted run draws the same samples. None stays None only for greedy single samples."""
+    import hashlib
+
+    base = 0 if job_seed is None else job_seed
+    digest = hashlib.blake2b(f"{base}\x00{item_id}\x00{sample}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def generation_columns(outputs: list[RequestOutput], n: int) -> dict:
+    """text / finish_reason / token counts; scalars for one sample, lists (per sample) for --n > 1."""
+    texts = [o.text for o in outputs]
+    reasons = [o.finish_reason for o in outputs]
+    generated = [len(o.output_token_ids) for o in outputs]
+    prompt_tokens = len(outputs[0].prompt_token_ids) if outputs else 0
+    if n == 1:
+        return {
+            "text": texts[0],
+            "finish_reason": reasons[0],
+            "prompt_tokens": prompt_tokens,
+            "generated_tokens": generated[0],
+        }
+    return {
+        "text": texts,
+        "finish_reason": reasons,
+        "prompt_tokens": prompt_tokens,
+        "generated_tokens": generated,
+    }
+
+
+def prompt_text(fields: dict, template: str | None, field_name: str) -> str:
+    """The prompt text of a row: the template filled from its fields, else its text field."""
+    if template is None:
+        return text_field(fields, field_name)
+    text = fill_template(template, fields)
+    if not text.strip():
+        raise RowError("empty_text", "prompt template filled to an empty text")
+    return text
