@@ -1,0 +1,77 @@
+"""One sequence's bookkeeping: its tokens, how many have KV in the cache, its blocks. No torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from bulkrun.engine.params import SamplingParams
+
+
+class RequestStatus(Enum):
+    WAITING = "waiting"  # new, or preempted (then num_computed_tokens == 0 and no blocks)
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class RequestKind(Enum):
+    GENERATE = "generate"  # computes all its tokens, then samples one new token per step
+    SCORE_PARENT = "score_parent"  # computes the prompt's shareable full blocks, then forks children
+    SCORE_CHILD = "score_child"  # prompt + one continuation; scores it, samples nothing
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    request_id: str
+    params: SamplingParams
+    token_ids: list[int]  # prompt + generated so far (scoring child: prompt + continuation)
+    num_prompt_tokens: int
+    arrival: int  # admission order; preemption picks the newest running request
+    kind: RequestKind = RequestKind.GENERATE
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache
+    block_table: list[int] = field(default_factory=list)  # physical block ids, append-only
+    block_hashes: list[int] = field(default_factory=list)  # chained hashes of full blocks, lazily
+    # Scoring requests stop computing at compute_limit (None: all tokens, then sample).
+    compute_limit: int | None = None
+    score_start: int | None = None  # runner returns logprob of token_ids[i] for every i >= this
+    score_logprobs: list[float] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+    num_preemptions: int = 0
+    finish_reason: str | None = None  # "stop" | "length" | "error" | "scored"
+    error: str | None = None
+    # Scoring family: the parent keeps its children (in continuation order) and counts the live ones.
+    parent: Request | None = None
+    children: list[Request] = field(default_factory=list)
+    num_live_children: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    @property
+    def generates(self) -> bool:
+        return self.kind is RequestKind.GENERATE
+
+    @property
+    def num_target_tokens(self) -> int:
+        """How many tokens must have KV before this request's work in the step is done."""
+        limit = self.compute_limit
+        return len(self.token_ids) if limit is None else limit
+
+    @property
+    def num_remaining_tokens(self) -> int:
+        return self.num_target_tokens - self.num_computed_tokens

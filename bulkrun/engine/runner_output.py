@@ -1,0 +1,16 @@
+"""What the model runner returns for one step. Plain Python so the scheduler side never needs torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class RunnerOutput:
+    # request_id -> the new token, for every ScheduledRequest with sample=True
+    sampled: dict[str, int] = field(default_factory=dict)
+    # request_id -> log-probability of that token (only for requests with params.logprobs)
+    sampled_logprobs: dict[str, float] = field(default_factory=dict)
+    # request_id -> log-probabilities of token_ids[p + 1] for each computed position p of this chunk
+    # with score_start <= p + 1 < len(token_ids), in position order (scoring requests only)
+    score_logprobs: dict[str, list[float]] = field(default_factory=dict)
