@@ -1,0 +1,83 @@
+"""Shared benchmark helpers: a deterministic chat workload and the machine's own matmul rate."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+
+import torch
+
+_WORDS = (
+    "order invoice refund shipping account password login error crash update feature request billing "
+    "payment card charge delivery package tracking warehouse customer support ticket reply agent answer "
+    "question report summary archive document chapter section paragraph data model system network server "
+    "latency throughput memory cache batch queue schedule token prompt output result engine kernel"
+).split()
+_TASKS = (
+    "Summarize the following support conversation in two sentences.",
+    "Classify the tone of this message and explain why.",
+    "Write a short reply to this customer.",
+    "List the three most important facts in this text.",
+    "Translate the key request in this note into plain English.",
+)
+
+
+def chat_prompts(tokenizer, n: int = 48, lo: int = 50, hi: int = 400, seed: int = 0) -> list[list[int]]:
+    """`n` chat-templated prompts whose token lengths spread evenly over [lo, hi]."""
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(n):
+        target = lo + (hi - lo) * i // max(1, n - 1)
+        words = [rng.choice(_WORDS) for _ in range(target)]
+        ids = _encode_chat(tokenizer, f"{rng.choice(_TASKS)}\n\n{' '.join(words)}")
+        while len(ids) > target and len(words) > 1:  # trim to the target length
+            words = words[: max(1, len(words) - max(1, (len(ids) - target)))]
+            ids = _encode_chat(tokenizer, f"{_TASKS[i % len(_TASKS)]}\n\n{' '.join(words)}")
+        prompts.append(ids)
+    rng.shuffle(prompts)  # arrival order is not sorted; the engine must cope
+    return prompts
+
+
+def shared_prefix_prompts(
+    tokenizer, n: int = 48, instruction_words: int = 300, seed: int = 1
+) -> list[list[int]]:
+    """Prompts that share one long instruction and differ only in a short item."""
+    rng = random.Random(seed)
+    instruction = "You are a careful analyst. " + " ".join(
+        rng.choice(_WORDS) for _ in range(instruction_words)
+    )
+    items = [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(10, 40))) for _ in range(n)]
+    return [_encode_chat(tokenizer, f"{instruction}\n\nItem: {item}") for item in items]
+
+
+def _encode_chat(tokenizer, text: str) -> list[int]:
+    return list(
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+    )
+
+
+def matmul_gflops(n: int = 1024, repeats: int = 7, dtype=torch.float32) -> float:
+    """The machine's own fp32 matmul rate (median GFLOP/s), measured in this process."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times) / 1e9
+
+
+def model_flops_per_token(config, context: float) -> float:
+    """Approximate forward FLOPs for one token: 2 * matmul params + attention over `context` tokens."""
+    h, layers = config.hidden_size, config.num_hidden_layers
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or h // heads
+    inter = config.intermediate_size
+    per_layer = h * heads * head_dim + 2 * h * kv_heads * head_dim + heads * head_dim * h + 3 * h * inter
+    params = layers * per_layer + h * config.vocab_size
+    attention = layers * 4 * heads * head_dim * context
+    return 2 * params + attention
