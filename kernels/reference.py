@@ -1,0 +1,221 @@
+"""Plain-PyTorch versions of the hot ops: the CPU fast path, and what every Triton kernel must equal.
+
+Signatures match the Triton wrappers beside this file (out= arguments are accepted and honoured).
+Layouts: q/k/v [T, heads, D] packed over all sequences of a step; KV cache [num_blocks, block_size,
+Hkv, D]; block_tables [B, max_blocks] int32; query_start_loc [B+1] int32; seq_lens [B] int32 (context
+length including this step's tokens); slot_mapping [T] int64 (slot = block * block_size + offset).
+
+Attention on the CPU is bound by memory traffic, not arithmetic: gathering every sequence's paged K/V
+into one padded batch triples the bytes moved. So decode rows are grouped a few sequences at a time
+(sorted by context length, so there is little padding) and each group's K/V is gathered and used while
+it is still in cache; prompt chunks go one sequence at a time. The grouping is an AttentionPlan, built
+once per step (plan_attention) and reused by every layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+# Sequences per decode group: small enough that a group's gathered K/V stays in the CPU cache
+# (8 x 400 tokens x 3 heads x 64 x 4 B x 2 = 5 MB), large enough to amortise the per-call overhead.
+DECODE_GROUP_SIZE = 8
+
+
+@dataclass(slots=True)
+class DecodeGroup:
+    rows: torch.Tensor  # [n] int64: the query row (one per sequence, query length 1)
+    blocks: torch.Tensor  # [n * num_blocks] int64: each sequence's first num_blocks block ids
+    num_blocks: int
+    context: int  # keys to attend over after the gather (the group's longest context)
+    mask: torch.Tensor | None  # [n, 1, 1, context] additive (0 / -inf); None when all lengths match
+
+
+@dataclass(slots=True)
+class ChunkWork:
+    start: int  # query rows start:end of the packed q
+    end: int
+    blocks: torch.Tensor  # [num_blocks] int64
+    context: int  # seq_len: keys 0..context-1
+    mask: torch.Tensor | None  # [n, context] additive causal-with-offset mask; None -> plain causal
+
+
+@dataclass(slots=True)
+class AttentionPlan:
+    decode_groups: list[DecodeGroup]
+    chunks: list[ChunkWork]
+
+
+def plan_attention(
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_size: int,
+    dtype: torch.dtype,
+) -> AttentionPlan:
+    """Split a step's sequences into decode groups and chunks (one host read of the lengths)."""
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    decodes, chunks = [], []
+    for s, ctx in enumerate(lens):
+        n = starts[s + 1] - starts[s]
+        if n == 1:
+            decodes.append(s)
+        elif n > 1:
+            chunks.append(_plan_chunk(block_tables[s], starts[s], n, ctx, block_size, dtype))
+    decodes.sort(key=lambda s: lens[s], reverse=True)
+    groups = [
+        _plan_decode_group(block_tables, decodes[i : i + DECODE_GROUP_SIZE], starts, lens, block_size, dtype)
+        for i in range(0, len(decodes), DECODE_GROUP_SIZE)
+    ]
+    return AttentionPlan(decode_groups=groups, chunks=chunks)
+
+
+def _plan_decode_group(block_tables, seqs, starts, lens, block_size, dtype) -> DecodeGroup:
+    device = block_tables.device
+    group_lens = [lens[s] for s in seqs]
+    context = max(group_lens)
+    num_blocks = -(-context // block_size)
+    seq_idx = torch.tensor(seqs, dtype=torch.long, device=device)
+    blocks = block_tables.index_select(0, seq_idx)[:, :num_blocks].reshape(-1).long()
+    mask = None
+    if min(group_lens) != context:
+        keys = torch.arange(context, device=device)
+        too_far = keys[None, :] >= torch.tensor(group_lens, device=device)[:, None]
+        mask = torch.zeros(len(seqs), 1, 1, context, dtype=dtype, device=device)
+        mask.masked_fill_(too_far[:, None, None, :], float("-inf"))
+    rows = torch.tensor([starts[s] for s in seqs], dtype=torch.long, device=device)
+    return DecodeGroup(rows=rows, blocks=blocks, num_blocks=num_blocks, context=context, mask=mask)
+
+
+def _plan_chunk(table, start, n, context, block_size, dtype) -> ChunkWork:
+    num_blocks = -(-context // block_size)
+    blocks = table[:num_blocks].long()
+    mask = None
+    if context != n:  # earlier context: query i sits at position context - n + i
+        device = table.device
+        positions = torch.arange(context - n, context, device=device)
+        too_far = torch.arange(context, device=device)[None, :] > positions[:, None]
+        mask = torch.zeros(n, context, dtype=dtype, device=device).masked_fill_(too_far, float("-inf"))
+    return ChunkWork(start=start, end=start + n, blocks=blocks, context=context, mask=mask)
+
+
+def _gather(cache: torch.Tensor, blocks: torch.Tensor, num_seqs: int, context: int) -> torch.Tensor:
+    """[num_seqs, Hkv, context, D] strided view of the sequences' blocks, copied once."""
+    num_blocks_total, block_size, num_heads, head_dim = cache.shape
+    rows = cache.view(num_blocks_total, -1).index_select(0, blocks)
+    return rows.view(num_seqs, -1, num_heads, head_dim)[:, :context].transpose(1, 2)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor | None = None,
+    plan: AttentionPlan | None = None,
+) -> torch.Tensor:
+    """Causal attention of each sequence's new queries over its cached context (GQA). [T, Hq, D]."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    if plan is None:
+        plan = plan_attention(block_tables, query_start_loc, seq_lens, k_cache.shape[1], q.dtype)
+    if out is None:
+        out = torch.empty_like(q)
+    for g in plan.decode_groups:
+        n = g.rows.numel()
+        qg = q.index_select(0, g.rows).view(n, num_kv_heads, group, head_dim)
+        k = _gather(k_cache, g.blocks, n, g.context)
+        v = _gather(v_cache, g.blocks, n, g.context)
+        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=g.mask, scale=scale)
+        out.index_copy_(0, g.rows, o.reshape(n, num_q_heads, head_dim))
+    for c in plan.chunks:
+        qc = q[c.start : c.end].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
+        k = _gather(k_cache, c.blocks, 1, c.context)
+        v = _gather(v_cache, c.blocks, 1, c.context)
+        o = F.scaled_dot_product_attention(
+            qc, k, v, attn_mask=c.mask, is_causal=c.mask is None, scale=scale, enable_gqa=group > 1
+        )
+        out[c.start : c.end] = o[0].transpose(0, 1)
+    return out
+
+
+def write_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """k_cache[slot // block_size, slot % block_size] = k[t] (same for v), for every t with slot >= 0."""
+    if k.shape[0] == 0:
+        return
+    if bool((slot_mapping < 0).any()):
+        keep = slot_mapping >= 0
+        k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
+    num_heads, head_dim = k.shape[1:]
+    k_cache.view(-1, num_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, num_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    residual_out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rmsnorm(x + residual) * weight, x + residual); with residual None the second result is x itself.
+
+    Computed in float32 and cast back before the weight, as transformers' LlamaRMSNorm does.
+    """
+    if residual is not None:
+        x = torch.add(x, residual, out=residual_out) if residual_out is not None else x + residual
+    h = x.float()
+    variance = h.pow(2).mean(-1, keepdim=True)
+    normed = weight * (h * torch.rsqrt(variance + eps)).to(x.dtype)
+    if out is not None:
+        out.copy_(normed)
+        normed = out
+    return normed, x
+
+
+def rotary(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_out: torch.Tensor | None = None,
+    k_out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate-half (NeoX/Llama) rotary embedding; cos_sin_cache[pos] = [cos(pos*f) | sin(pos*f)], [P, D].
+
+    Returns new tensors, or writes into q_out / k_out when given (they may be q / k themselves).
+    """
+    cos, sin = cos_sin_cache.index_select(0, positions).unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D/2]
+    return _rotate(q, cos, sin, q_out), _rotate(k, cos, sin, k_out)
+
+
+def _rotate(x, cos, sin, out):
+    x1, x2 = x.chunk(2, dim=-1)
+    first = (x1 * cos - x2 * sin).to(x.dtype)
+    second = (x2 * cos + x1 * sin).to(x.dtype)
+    if out is None:
+        return torch.cat((first, second), dim=-1)
+    half = x.shape[-1] // 2
+    out[..., :half] = first
+    out[..., half:] = second
+    return out
+
+
+def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x[T, 2I] (gate then up, as a fused gate_up projection yields) -> silu(gate) * up, [T, I]."""
+    gate, up = x.chunk(2, dim=-1)
+    return torch.mul(F.silu(gate), up, out=out) if out is not None else F.silu(gate) * up
