@@ -1,0 +1,148 @@
+"""Eval suites: rows carry an expected answer; each result says whether the model got it right.
+
+Two kinds of suite, chosen by whether labels are given:
+- classify-style (labels): the answer is the best-scoring label (ClassifyTask's scoring); metrics are
+  accuracy, per-label precision/recall/F1 and a confusion matrix;
+- generation: the model generates; the answer is the text, or what `answer_regex` extracts from it,
+  compared exactly or after normalising whitespace and case (`match = "normalized"`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import replace
+
+from bulkrun.engine.outputs import RequestOutput
+from bulkrun.engine.params import EngineRequest
+from bulkrun.tasks.base import (
+    Item,
+    RowError,
+    Task,
+    TaskContext,
+    generation_columns,
+    prompt_text,
+    sample_seed,
+)
+from bulkrun.tasks.classify import ClassifyTask
+from bulkrun.tasks.metrics import (
+    answers_match,
+    classification_metrics,
+    extract_answer,
+    format_metrics,
+    generation_metrics,
+)
+
+MATCH_MODES = ("exact", "normalized")
+
+
+def compile_answer_regex(pattern: str | None) -> re.Pattern[str] | None:
+    if pattern is None:
+        return None
+    try:
+        compiled = re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"answer_regex {pattern!r} is not a valid regular expression: {exc}") from None
+    if compiled.groups > 1:
+        raise ValueError(f"answer_regex {pattern!r} has {compiled.groups} groups; use at most one")
+    return compiled
+
+
+class EvalTask(Task):
+    name = "eval"
+    options = {
+        **ClassifyTask.options,
+        "expected_field": None,  # default: "label" for classify-style suites, else "answer"
+        "answer_regex": None,
+        "match": "exact",
+    }
+
+    def __init__(
+        self,
+        classifier: ClassifyTask | None = None,
+        *,
+        expected_field: str | None = None,
+        answer_regex: str | None = None,
+        match: str = "exact",
+    ):
+        if match not in MATCH_MODES:
+            raise ValueError(f"match must be one of {', '.join(MATCH_MODES)}, got {match!r}")
+        if classifier is not None and answer_regex is not None:
+            raise ValueError("answer_regex applies to generation suites; a suite with labels scores them")
+        self.classifier = classifier
+        self.expected_field = expected_field or ("label" if classifier else "answer")
+        self.answer_regex = compile_answer_regex(answer_regex)
+        self.normalized = match == "normalized"
+
+    @classmethod
+    def from_options(cls, options: dict) -> EvalTask:
+        has_labels = options.get("labels") is not None or options.get("labels_file") is not None
+        classifier = ClassifyTask.from_options(options) if has_labels else None
+        if not has_labels:
+            given = [k for k in ("label_descriptions", "instruction", "examples") if options.get(k)]
+            if given:
+                raise ValueError(f"{', '.join(given)} need labels (a classify-style suite)")
+        return cls(
+            classifier,
+            expected_field=options.get("expected_field"),
+            answer_regex=options.get("answer_regex"),
+            match=options.get("match") or "exact",
+        )
+
+    def bind(self, ctx: TaskContext) -> None:
+        super().bind(ctx)
+        if self.classifier is not None:
+            self.classifier.bind(ctx)
+
+    def render(self, item: Item) -> str:
+        self.expected(item)  # a row without a usable answer fails before any engine work
+        if self.classifier is not None:
+            return self.classifier.render(item)
+        return prompt_text(item.fields, self.ctx.prompt_template, self.ctx.text_field)
+
+    def expected(self, item: Item) -> str:
+        value = item.fields.get(self.expected_field)
+        if value is None or (isinstance(value, str) and not value.strip()):
+            raise RowError("missing_expected", f"expected-answer field '{self.expected_field}' is missing")
+        if isinstance(value, (dict, list, bytes)):
+            kind = type(value).__name__
+            raise RowError("bad_expected", f"expected-answer field '{self.expected_field}' is a {kind}")
+        value = str(value)
+        if self.classifier is None:
+            return value
+        label = self.classifier.labels.find(value)
+        if label is None:
+            raise RowError("unknown_label", f"expected label {value!r} is not one of the labels")
+        return label
+
+    def requests(self, item: Item, prompt_ids: list[int]) -> list[EngineRequest]:
+        if self.classifier is not None:
+            return self.classifier.requests(item, prompt_ids)
+        # Seeded from the item id, never the batch position: a resumed run samples the same answer.
+        params = replace(self.ctx.sampling, seed=sample_seed(self.ctx.sampling.seed, item.id, 0))
+        return [EngineRequest("answer", prompt_ids, params)]
+
+    def result(self, item: Item, outputs: list[RequestOutput]) -> dict:
+        expected = self.expected(item)
+        if self.classifier is not None:
+            columns = self.classifier.label_columns(outputs[0])
+            predicted = columns["label"]
+            correct = predicted == expected
+        else:
+            columns = generation_columns(outputs[:1], 1)
+            predicted = extract_answer(columns["text"], self.answer_regex)
+            correct = answers_match(predicted, expected, self.normalized)
+        return {"expected": expected, "predicted": predicted, "correct": correct, **columns}
+
+    def summarize(self, results: list[dict]) -> dict | None:
+        if self.classifier is not None:
+            pairs = [(r["expected"], r["predicted"]) for r in results]
+            return classification_metrics(pairs, self.classifier.labels.names)
+        return generation_metrics((bool(r["correct"]), r["predicted"] is not None) for r in results)
+
+    def metrics_need_results(self) -> bool:
+        return True
+
+    @staticmethod
+    def summary_lines(metrics: Mapping) -> list[str]:
+        return format_metrics(dict(metrics))
