@@ -1,0 +1,127 @@
+"""Fixed pool of KV-cache blocks with reference counts and automatic prefix caching. No torch.
+
+A full block is identified by a hash chained with its predecessor's hash, so equal hashes mean
+equal token prefixes. Freed blocks that carry a hash stay cached (evictable, least recently
+freed first) until a free block is needed; blocks without a hash go back to the free list.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Sequence
+
+_ROOT_HASH = 0x5EED  # parent hash of a sequence's first block
+
+
+def hash_block_tokens(parent_hash: int | None, tokens: Sequence[int]) -> int:
+    return hash((_ROOT_HASH if parent_hash is None else parent_hash, tuple(tokens)))
+
+
+def extend_block_hashes(
+    hashes: list[int], token_ids: Sequence[int], num_blocks: int, block_size: int
+) -> None:
+    """Grow `hashes` (chained hashes of token_ids' full blocks) to `num_blocks` entries."""
+    for i in range(len(hashes), num_blocks):
+        parent = hashes[i - 1] if i else None
+        hashes.append(hash_block_tokens(parent, token_ids[i * block_size : (i + 1) * block_size]))
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need at least one block of one slot, got {num_blocks} x {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self._block_hash: list[int | None] = [None] * num_blocks
+        self._cached: dict[int, int] = {}  # block hash -> block id
+        self._free: deque[int] = deque(range(num_blocks))  # unreferenced, no hash
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # unreferenced, hashed; LRU first
+        self.num_queried_blocks = 0  # prefix-cache statistics
+        self.num_hit_blocks = 0
+        self.num_evictions = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation can take: truly free plus evictable cached ones."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._cached)
+
+    def block_hash(self, block: int) -> int | None:
+        return self._block_hash[block]
+
+    def allocate(self, n: int) -> list[int] | None:
+        """Take `n` blocks (reference count 1 each), or None when fewer than `n` can be had."""
+        if n > self.num_free_blocks:
+            return None
+        blocks = []
+        for _ in range(n):
+            block = self._free.popleft() if self._free else self._evict_lru()
+            self.ref_counts[block] = 1
+            blocks.append(block)
+        return blocks
+
+    def _evict_lru(self) -> int:
+        block, _ = self._evictable.popitem(last=False)
+        del self._cached[self._block_hash[block]]
+        self._block_hash[block] = None
+        self.num_evictions += 1
+        return block
+
+    def free(self, blocks: Iterable[int]) -> None:
+        """Drop one reference from each block, in the given order (callers pass the tail first,
+        so a sequence's last blocks, the least likely to be shared, are evicted first)."""
+        for block in blocks:
+            count = self.ref_counts[block] - 1
+            if count < 0:
+                raise RuntimeError(f"block {block} freed more often than allocated")
+            self.ref_counts[block] = count
+            if count == 0:
+                if self._block_hash[block] is None:
+                    self._free.append(block)
+                else:
+                    self._evictable[block] = None
+
+    def share(self, blocks: Iterable[int]) -> None:
+        """Take one more reference on blocks that are in use or cached (revives evictable ones)."""
+        for block in blocks:
+            if self.ref_counts[block] == 0:
+                if block not in self._evictable:
+                    raise RuntimeError(f"block {block} is free and holds no cached content")
+                del self._evictable[block]
+            self.ref_counts[block] += 1
+
+    def lookup_prefix(self, block_hashes: Sequence[int]) -> list[int]:
+        """Cached blocks for the longest leading run of `block_hashes`; references unchanged."""
+        if not self.enable_prefix_caching:
+            return []
+        hits = []
+        for h in block_hashes:
+            block = self._cached.get(h)
+            if block is None:
+                break
+            hits.append(block)
+        self.num_queried_blocks += len(block_hashes)
+        self.num_hit_blocks += len(hits)
+        return hits
+
+    def num_free_after_sharing(self, blocks: Sequence[int]) -> int:
+        """Free blocks left for allocation once `blocks` (from lookup_prefix) are shared."""
+        return self.num_free_blocks - sum(1 for b in blocks if self.ref_counts[b] == 0)
+
+    def cache_block(self, block: int, block_hash: int) -> None:
+        """Publish a full, computed block under its chained hash (first writer wins)."""
+        if not self.enable_prefix_caching or self._block_hash[block] is not None:
+            return
+        if block_hash in self._cached:
+            return  # same content computed twice at once: keep the first, this one stays private
+        self._block_hash[block] = block_hash
+        self._cached[block_hash] = block
