@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from enum import Enum
 
-from bulkrun.engine.params import SamplingParams
+from bulkrun.engine.params import EngineRequest, SamplingParams
 
 
 class RequestStatus(Enum):
     WAITING = "waiting"  # new, or preempted (then num_computed_tokens == 0 and no blocks)
     RUNNING = "running"
+    FORKED = "forked"  # scoring parent: its children compute, it waits for them
     FINISHED = "finished"
 
 
@@ -32,6 +34,7 @@ class Request:
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
     block_table: list[int] = field(default_factory=list)  # physical block ids, append-only
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of full blocks, lazily
+    num_hashed_blocks: int = 0  # leading blocks of block_table already offered to the prefix cache
     # Scoring requests stop computing at compute_limit (None: all tokens, then sample).
     compute_limit: int | None = None
     score_start: int | None = None  # runner returns logprob of token_ids[i] for every i >= this
@@ -75,3 +78,26 @@ class Request:
     @property
     def num_remaining_tokens(self) -> int:
         return self.num_target_tokens - self.num_computed_tokens
+
+
+def validate_engine_request(req: EngineRequest) -> None:
+    """Raise ValueError for a request no engine could serve (malformed, not merely too long)."""
+    if not isinstance(req.request_id, str) or not req.request_id:
+        raise ValueError(f"request_id must be a non-empty string, got {req.request_id!r}")
+    if len(req.prompt_token_ids) == 0:
+        raise ValueError(f"request {req.request_id!r}: the prompt has no tokens")
+    _check_token_ids(req.request_id, "prompt", req.prompt_token_ids)
+    if req.continuations is None:
+        return
+    if len(req.continuations) == 0:
+        raise ValueError(f"request {req.request_id!r}: continuations is an empty list")
+    for i, cont in enumerate(req.continuations):
+        if len(cont) == 0:
+            raise ValueError(f"request {req.request_id!r}: continuation {i} has no tokens")
+        _check_token_ids(req.request_id, f"continuation {i}", cont)
+
+
+def _check_token_ids(request_id: str, what: str, token_ids: list[int]) -> None:
+    for t in token_ids:
+        if (type(t) is not int and not isinstance(t, numbers.Integral)) or t < 0:
+            raise ValueError(f"request {request_id!r}: {what} has an invalid token id {t!r}")

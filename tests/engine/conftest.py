@@ -1,0 +1,44 @@
+"""Fixtures for the engine tests (the test doubles live in engine_fakes.py)."""
+
+from __future__ import annotations
+
+import pytest
+from engine_fakes import SPECIAL, FakeRunner
+
+from bulkrun.engine.block_pool import BlockPool
+from bulkrun.engine.config import EngineConfig
+from bulkrun.engine.engine import Engine
+from bulkrun.engine.scheduler import Scheduler
+
+
+@pytest.fixture
+def make_scheduler():
+    """Scheduler over a fresh pool, with a fake runner wired to check its KV use."""
+
+    def build(
+        num_blocks=64, block_size=4, max_num_seqs=8, budget=32, max_model_len=256, caching=True, eos=()
+    ):
+        runner = FakeRunner(num_blocks, block_size, max_model_len, eos)
+        pool = BlockPool(num_blocks, block_size, caching)
+        runner.pool = pool
+        sched = Scheduler(
+            pool,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=budget,
+            max_model_len=max_model_len,
+            eos_token_ids=eos,
+        )
+        return sched, runner
+
+    return build
+
+
+@pytest.fixture
+def make_engine():
+    def build(num_blocks=64, block_size=4, max_model_len=256, eos=(SPECIAL,), **config):
+        runner = FakeRunner(num_blocks, block_size, max_model_len, eos)
+        engine = Engine(runner, EngineConfig(block_size=block_size, **config))
+        runner.pool = engine.pool
+        return engine, runner
+
+    return build

@@ -1,0 +1,148 @@
+"""Fast engine test doubles: a fake runner that keeps a fake KV cache and checks it, and a toy tokenizer.
+
+The fake runner writes, for every computed token, a fingerprint of the whole prefix ending there into
+the slot the block table names, and before computing it checks that every earlier position's slot holds
+the fingerprint of this request's own prefix. A wrong block table, a bad prefix-cache hit or a write into
+a shared block therefore fails loudly, while the "model" stays a pure function of the token ids.
+"""
+
+from __future__ import annotations
+
+from bulkrun.engine.block_pool import BlockPool
+from bulkrun.engine.runner_output import RunnerOutput
+from bulkrun.engine.scheduler import Scheduler, SchedulerOutput
+
+VOCAB = 64
+SPECIAL = 0  # decodes to "<eos>", skipped with skip_special_tokens
+
+
+def next_token(token_ids: list[int]) -> int:
+    """The fake model's greedy choice: the last token plus one, never the special token."""
+    return token_ids[-1] % (VOCAB - 1) + 1
+
+
+def sampled_logprob(token_ids: list[int], token: int) -> float:
+    return -((len(token_ids) + token) % 7) / 8
+
+
+def score_logprob(prefix: list[int], token: int) -> float:
+    """Log-probability the fake model gives `token` after `prefix`."""
+    return -((sum(prefix) * 3 + len(prefix) + token) % 11) / 4
+
+
+class ToyTokenizer:
+    """Token t > 0 decodes to a letter (1 -> 'a', ..., 26 -> 'z', 27 -> ' ', 28.. -> 'A'..)."""
+
+    eos_token_id = SPECIAL
+
+    def decode(self, token_ids, skip_special_tokens: bool = False) -> str:
+        return "".join(self.piece(t) for t in token_ids if not (skip_special_tokens and t == SPECIAL))
+
+    @staticmethod
+    def piece(t: int) -> str:
+        if t == SPECIAL:
+            return "<eos>"
+        if t <= 26:
+            return chr(ord("a") + t - 1)
+        if t == 27:
+            return " "
+        return chr(ord("A") + (t - 28) % 26)
+
+    def encode(self, text: str) -> list[int]:
+        return [self._id(c) for c in text]
+
+    @staticmethod
+    def _id(c: str) -> int:
+        if c == " ":
+            return 27
+        if c.islower():
+            return ord(c) - ord("a") + 1
+        return ord(c) - ord("A") + 28
+
+
+class FakeRunner:
+    def __init__(self, num_blocks=64, block_size=4, max_model_len=256, eos_token_ids=(SPECIAL,)):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.eos_token_ids = set(eos_token_ids)
+        self.vocab_size = VOCAB
+        self.tokenizer = ToyTokenizer()
+        self.pool: BlockPool | None = None  # set to check that writes only go to private blocks
+        self.slots: dict[int, int] = {}  # slot -> fingerprint of the prefix ending there
+        self.steps: list[list[tuple[str, int, int, bool]]] = []  # (id, start, n, sample) per step
+
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        result = RunnerOutput()
+        written: set[int] = set()
+        record = []
+        for item in out.scheduled:
+            req, n = item.request, item.num_tokens
+            start, end = req.num_computed_tokens, req.num_computed_tokens + item.num_tokens
+            record.append((req.request_id, start, n, item.sample))
+            assert 0 < n and end <= len(req.token_ids), (req.request_id, start, n)
+            assert len(req.block_table) * self.block_size >= end, "block table too short"
+            prints = fingerprints(req.token_ids[:end])
+            for p in range(start):
+                assert self.slots.get(self.slot(req, p)) == prints[p], f"{req.request_id}: stale KV at {p}"
+            for p in range(start, end):
+                slot = self.slot(req, p)
+                assert slot not in written, "two tokens written to one slot in a step"
+                if self.pool is not None:
+                    assert self.pool.ref_counts[slot // self.block_size] == 1, "write into a shared block"
+                written.add(slot)
+                self.slots[slot] = prints[p]
+            if item.sample:
+                assert end == len(req.token_ids)
+                token = next_token(req.token_ids)
+                result.sampled[req.request_id] = token
+                if req.params.logprobs:
+                    result.sampled_logprobs[req.request_id] = sampled_logprob(req.token_ids, token)
+            if req.score_start is not None:
+                ids = req.token_ids
+                first = max(start, req.score_start - 1)
+                scores = [
+                    score_logprob(ids[: p + 1], ids[p + 1]) for p in range(first, min(end, len(ids) - 1))
+                ]
+                if scores:
+                    result.score_logprobs[req.request_id] = scores
+        self.steps.append(record)
+        return result
+
+    def slot(self, req, position: int) -> int:
+        return req.block_table[position // self.block_size] * self.block_size + position % self.block_size
+
+
+def fingerprints(token_ids: list[int]) -> list[int]:
+    out, h = [], 17
+    for t in token_ids:
+        h = hash((h, t))
+        out.append(h)
+    return out
+
+
+def reference_generation(prompt: list[int], max_tokens: int, eos=(SPECIAL,), max_len=10**9) -> list[int]:
+    """What a one-request-at-a-time greedy loop with the fake model produces."""
+    ids = list(prompt)
+    while True:
+        token = next_token(ids)
+        ids.append(token)
+        if token in eos or len(ids) - len(prompt) >= max_tokens or len(ids) >= max_len:
+            return ids[len(prompt) :]
+
+
+def reference_scores(prompt: list[int], continuation: list[int]) -> list[float]:
+    ids = prompt + continuation
+    return [score_logprob(ids[:i], ids[i]) for i in range(len(prompt), len(ids))]
+
+
+def run_to_completion(sched: Scheduler, runner: FakeRunner, max_steps: int = 10_000) -> list:
+    """Drive a scheduler the way the engine does; return finished requests in completion order."""
+    finished = []
+    for _ in range(max_steps):
+        if not sched.has_unfinished():
+            return finished
+        out = sched.schedule()
+        result = runner.execute(out) if out.scheduled else RunnerOutput()
+        finished += sched.update(out, result)
+    raise AssertionError("scheduler did not finish")

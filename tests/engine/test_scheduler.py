@@ -1,0 +1,292 @@
+"""Scheduler: chunked prefill, budget split, admission, preemption, prefix reuse, scoring forks.
+
+Every test drives the scheduler with the fake runner, which checks the KV cache use of every step
+(see engine_fakes.py), and compares the tokens with a one-request-at-a-time reference.
+"""
+
+from __future__ import annotations
+
+import random
+
+from engine_fakes import RunnerOutput, reference_generation, reference_scores, run_to_completion
+
+from bulkrun.engine.params import EngineRequest, SamplingParams
+from bulkrun.engine.request import RequestStatus
+
+
+def gen(rid, prompt, max_tokens=4, **params):
+    return EngineRequest(rid, list(prompt), SamplingParams(max_tokens=max_tokens, **params))
+
+
+def step(sched, runner):
+    out = sched.schedule()
+    finished = sched.update(out, runner.execute(out) if out.scheduled else RunnerOutput())
+    return out, finished
+
+
+def chunks(out):
+    return [(s.request.request_id, s.num_tokens, s.sample) for s in out.scheduled]
+
+
+def test_long_prompt_is_chunked_at_block_edges(make_scheduler):
+    sched, runner = make_scheduler(block_size=4, budget=4)
+    req = sched.add_request(gen("a", range(1, 11), max_tokens=3))
+    assert chunks(step(sched, runner)[0]) == [("a", 4, False)]
+    assert req.num_computed_tokens == 4 and len(req.block_table) == 1
+    assert chunks(step(sched, runner)[0]) == [("a", 4, False)]
+    assert chunks(step(sched, runner)[0]) == [("a", 2, True)]
+    assert len(req.block_table) == 3 and req.output_token_ids == [11]
+    finished = run_to_completion(sched, runner)
+    assert finished == [req] and req.finish_reason == "length"
+    assert req.output_token_ids == reference_generation(list(range(1, 11)), 3)
+
+
+def test_chunks_off_block_edges_grow_the_table_just_in_time(make_scheduler):
+    sched, runner = make_scheduler(block_size=4, budget=3)
+    req = sched.add_request(gen("a", range(1, 11), max_tokens=2))
+    tables = []
+    for _ in range(4):
+        step(sched, runner)
+        tables.append((req.num_computed_tokens, len(req.block_table)))
+    assert tables == [(3, 1), (6, 2), (9, 3), (10, 3)]
+    assert [s[0][2:] for s in runner.steps] == [(3, False), (3, False), (3, False), (1, True)]
+    run_to_completion(sched, runner)
+    assert req.output_token_ids == reference_generation(list(range(1, 11)), 2)
+
+
+def test_decodes_go_first_and_prompt_chunks_fill_the_rest(make_scheduler):
+    sched, runner = make_scheduler(block_size=4, budget=8)
+    sched.add_request(gen("a", [1, 2, 3], max_tokens=10))
+    sched.add_request(gen("b", [4, 5, 6], max_tokens=10))
+    assert chunks(step(sched, runner)[0]) == [("a", 3, True), ("b", 3, True)]
+    sched.add_request(gen("c", range(1, 21), max_tokens=2))
+    out, _ = step(sched, runner)
+    assert chunks(out) == [("a", 1, True), ("b", 1, True), ("c", 6, False)]
+    assert out.num_scheduled_tokens == 8
+
+
+def test_several_prompts_are_prefilled_partially_at_once(make_scheduler):
+    sched, runner = make_scheduler(block_size=4, budget=10)
+    prompts = {rid: list(range(10 * i + 1, 10 * i + 9)) for i, rid in enumerate("abc")}
+    reqs = [sched.add_request(gen(rid, p, max_tokens=3)) for rid, p in prompts.items()]
+    assert chunks(step(sched, runner)[0]) == [("a", 8, True), ("b", 2, False)]
+    # a decodes first, then b's rest, then c's first chunk
+    assert chunks(step(sched, runner)[0]) == [("a", 1, True), ("b", 6, True), ("c", 3, False)]
+    assert [r.status for r in reqs] == [RequestStatus.RUNNING] * 3
+    run_to_completion(sched, runner)
+    for r in reqs:
+        assert r.output_token_ids == reference_generation(prompts[r.request_id], 3)
+
+
+def test_max_num_seqs_limits_admission(make_scheduler):
+    sched, runner = make_scheduler(max_num_seqs=2, budget=64)
+    for rid in "abc":
+        sched.add_request(gen(rid, [1, 2], max_tokens=3))
+    out, _ = step(sched, runner)
+    assert [s.request.request_id for s in out.scheduled] == ["a", "b"]
+    assert sched.num_waiting == 1
+    finished = run_to_completion(sched, runner)
+    assert [r.request_id for r in finished] == ["a", "b", "c"]
+
+
+def test_finish_conditions(make_scheduler):
+    sched, runner = make_scheduler(eos=(5,), max_model_len=12)
+    eos = sched.add_request(gen("eos", [3], max_tokens=10))  # 4, 5=eos
+    ignore = sched.add_request(gen("ign", [3], max_tokens=3, ignore_eos=True))
+    stop_id = sched.add_request(gen("stop", [1], max_tokens=10, stop_token_ids=(3,)))
+    ctx = sched.add_request(gen("ctx", [1, 2, 3, 4, 5, 6, 7, 8, 9], max_tokens=10, ignore_eos=True))
+    zero = sched.add_request(gen("zero", [1, 2], max_tokens=0))
+    finished = run_to_completion(sched, runner)
+    assert zero in finished and zero.output_token_ids == [] and zero.finish_reason == "length"
+    assert (eos.output_token_ids, eos.finish_reason) == ([4, 5], "stop")
+    assert (ignore.output_token_ids, ignore.finish_reason) == ([4, 5, 6], "length")
+    assert (stop_id.output_token_ids, stop_id.finish_reason) == ([2, 3], "stop")
+    assert len(ctx.token_ids) == 12 and ctx.finish_reason == "length"  # the model's context
+    assert runner.pool.num_used_blocks == 0  # everyone's blocks came back
+
+
+def test_requests_that_can_never_fit_fail_with_a_reason(make_scheduler):
+    sched, runner = make_scheduler(num_blocks=4, block_size=4, max_model_len=32)
+    too_long_for_cache = sched.add_request(gen("cache", range(1, 18)))
+    too_long_for_model = sched.add_request(gen("ctx", range(1, 34)))
+    fits = sched.add_request(gen("ok", range(1, 17), max_tokens=50))
+    finished = run_to_completion(sched, runner)
+    assert too_long_for_cache.finish_reason == "error"
+    assert "5 KV-cache blocks" in too_long_for_cache.error and "has 4" in too_long_for_cache.error
+    assert too_long_for_model.finish_reason == "error" and "context is 32" in too_long_for_model.error
+    # a prompt that fills the whole cache still gets its one token, then stops for length
+    assert fits.finish_reason == "length" and fits.output_token_ids == [17]
+    assert finished[:2] == [too_long_for_cache, too_long_for_model]
+
+
+def test_newest_running_request_is_preempted_and_recomputed(make_scheduler):
+    # 6 blocks of 4: a and b fit at first, then their decodes run out of blocks.
+    sched, runner = make_scheduler(num_blocks=6, block_size=4, budget=64)
+    a = sched.add_request(gen("a", range(1, 10), max_tokens=10))
+    b = sched.add_request(gen("b", range(20, 29), max_tokens=10))
+    preempted = []
+    for _ in range(200):
+        if not sched.has_unfinished():
+            break
+        out, _ = step(sched, runner)
+        preempted += [r.request_id for r in out.preempted]
+    assert preempted and set(preempted) == {"b"}  # always the newer one
+    assert b.num_preemptions >= 1 and a.num_preemptions == 0
+    assert a.output_token_ids == reference_generation(list(range(1, 10)), 10)
+    assert b.output_token_ids == reference_generation(list(range(20, 29)), 10)
+    assert runner.pool.num_used_blocks == 0
+
+
+def test_preempted_request_keeps_its_tokens_and_goes_first(make_scheduler):
+    sched, runner = make_scheduler(num_blocks=5, block_size=4, budget=64, caching=False)
+    sched.add_request(gen("a", range(1, 9), max_tokens=8))
+    b = sched.add_request(gen("b", range(11, 19), max_tokens=8))
+    sched.add_request(gen("c", [1, 2], max_tokens=1))
+    while not b.num_preemptions:
+        step(sched, runner)
+    assert b.status is RequestStatus.WAITING and b.block_table == [] and b.num_computed_tokens == 0
+    assert b.num_output_tokens > 0 and sched.waiting[0] is b
+    run_to_completion(sched, runner)
+    assert b.output_token_ids == reference_generation(list(range(11, 19)), 8)
+
+
+def test_prefix_hit_skips_cached_blocks_but_recomputes_the_last_token(make_scheduler):
+    sched, runner = make_scheduler(block_size=4, budget=64)
+    sched.add_request(gen("first", range(1, 9), max_tokens=1))
+    run_to_completion(sched, runner)
+    same = sched.add_request(gen("same", range(1, 9), max_tokens=2))
+    longer = sched.add_request(gen("longer", list(range(1, 9)) + [30, 31], max_tokens=2))
+    out, _ = step(sched, runner)
+    # the same 8-token prompt: only block 0 is reused, block 1 holds the last token, recomputed
+    assert chunks(out) == [("same", 4, True), ("longer", 2, True)]
+    assert same.num_cached_tokens == 4 and longer.num_cached_tokens == 8
+    assert out.num_prefix_hit_tokens == 12 and sched.num_prefix_hit_tokens == 12
+    assert same.block_table[0] == longer.block_table[0]  # one cached block, two readers
+    assert runner.pool.ref_counts[same.block_table[0]] == 2
+    run_to_completion(sched, runner)
+    assert same.output_token_ids == reference_generation(list(range(1, 9)), 2)
+    assert longer.output_token_ids == reference_generation(list(range(1, 9)) + [30, 31], 2)
+
+
+def test_prefix_cache_off_recomputes_everything(make_scheduler):
+    sched, runner = make_scheduler(block_size=4, budget=64, caching=False)
+    sched.add_request(gen("first", range(1, 10), max_tokens=1))
+    run_to_completion(sched, runner)
+    again = sched.add_request(gen("again", range(1, 10), max_tokens=1))
+    out, _ = step(sched, runner)
+    assert chunks(out) == [("again", 9, True)] and again.num_cached_tokens == 0
+
+
+def test_scoring_children_share_the_prompt_blocks(make_scheduler):
+    for caching in (True, False):
+        sched, runner = make_scheduler(block_size=4, budget=64, caching=caching)
+        prompt = list(range(1, 11))  # 10 tokens: blocks 0 and 1 are shareable
+        conts = [[40], [41, 42, 43], [44, 45]]
+        parent = sched.add_request(EngineRequest("p", prompt, continuations=conts))
+        out, _ = step(sched, runner)
+        assert chunks(out) == [("p", 8, False)]  # only the shareable full blocks
+        shared = list(parent.block_table) or None
+        out, finished = step(sched, runner)
+        assert parent.status is RequestStatus.FINISHED and finished == [parent]
+        children = parent.children
+        assert [c.request_id for c in children] == ["p::cont0", "p::cont1", "p::cont2"]
+        # each child computed the prompt's tail (2 tokens) and its continuation minus the last
+        assert chunks(out) == [("p::cont0", 2, False), ("p::cont1", 4, False), ("p::cont2", 3, False)]
+        assert shared is None  # the parent handed its blocks over
+        assert parent.finish_reason == "scored"
+        for child, cont in zip(children, conts, strict=True):
+            assert child.score_logprobs == reference_scores(prompt, cont)
+        assert runner.pool.num_used_blocks == 0
+
+
+def test_scoring_fork_holds_shared_blocks_by_refcount(make_scheduler):
+    sched, runner = make_scheduler(block_size=4, budget=8, caching=False)
+    parent = sched.add_request(EngineRequest("p", list(range(1, 11)), continuations=[[40], [41]]))
+    step(sched, runner)  # parent computes blocks 0 and 1, then forks
+    a, b = parent.children
+    assert a.block_table == b.block_table and len(a.block_table) == 2
+    assert all(runner.pool.ref_counts[blk] == 2 for blk in a.block_table)
+    assert a.num_computed_tokens == 8 and a.score_start == 10
+    run_to_completion(sched, runner)
+    assert [a.score_logprobs, b.score_logprobs] == [
+        reference_scores(list(range(1, 11)), [40]),
+        reference_scores(list(range(1, 11)), [41]),
+    ]
+
+
+def test_short_scoring_prompt_forks_without_computing(make_scheduler):
+    sched, runner = make_scheduler(block_size=4)
+    parent = sched.add_request(EngineRequest("p", [1, 2, 3], continuations=[[7, 8]]))
+    out, _ = step(sched, runner)
+    assert chunks(out) == [("p::cont0", 4, False)]
+    run_to_completion(sched, runner)
+    assert parent.children[0].score_logprobs == reference_scores([1, 2, 3], [7, 8])
+
+
+def test_scoring_too_long_fails(make_scheduler):
+    sched, runner = make_scheduler(max_model_len=8)
+    parent = sched.add_request(EngineRequest("p", list(range(1, 7)), continuations=[[1], [1, 2, 3, 4]]))
+    assert run_to_completion(sched, runner) == [parent]
+    assert parent.finish_reason == "error" and "longest continuation" in parent.error
+
+
+def test_malformed_requests_raise():
+    import pytest
+
+    from bulkrun.engine.block_pool import BlockPool
+    from bulkrun.engine.scheduler import Scheduler
+
+    sched = Scheduler(BlockPool(8, 4), max_num_seqs=4, max_num_batched_tokens=16, max_model_len=64)
+    with pytest.raises(ValueError, match="empty list"):
+        sched.add_request(EngineRequest("a", [1, 2], continuations=[]))
+    with pytest.raises(ValueError, match="continuation 1 has no tokens"):
+        sched.add_request(EngineRequest("a", [1, 2], continuations=[[1], []]))
+    with pytest.raises(ValueError, match="no tokens"):
+        sched.add_request(EngineRequest("a", []))
+    with pytest.raises(ValueError, match="invalid token"):
+        sched.add_request(EngineRequest("a", [1, -3]))
+    sched.add_request(EngineRequest("a", [1]))
+    with pytest.raises(ValueError, match="already"):
+        sched.add_request(EngineRequest("a", [2]))
+
+
+def test_random_workload_under_memory_pressure_matches_reference(make_scheduler):
+    """Mixed generation and scoring, shared prefixes, a cache too small for everyone at once."""
+    rng = random.Random(7)
+    for caching in (True, False):
+        sched, runner = make_scheduler(
+            num_blocks=14, block_size=4, budget=12, max_num_seqs=6, caching=caching
+        )
+        shared = [rng.randrange(1, 60) for _ in range(9)]
+        expected = {}
+        for i in range(30):
+            tail = [rng.randrange(1, 60) for _ in range(rng.randrange(1, 12))]
+            prompt = (shared + tail) if i % 2 else tail
+            if i % 5 == 4:
+                conts = [[rng.randrange(1, 60) for _ in range(rng.randrange(1, 5))] for _ in range(3)]
+                sched.add_request(EngineRequest(f"s{i}", prompt, continuations=conts))
+                expected[f"s{i}"] = [reference_scores(prompt, c) for c in conts]
+            else:
+                n = rng.randrange(1, 12)
+                sched.add_request(gen(f"g{i}", prompt, max_tokens=n))
+                expected[f"g{i}"] = reference_generation(prompt, n)
+        finished = run_to_completion(sched, runner)
+        got = {
+            r.request_id: [c.score_logprobs for c in r.children] if r.children else r.output_token_ids
+            for r in finished
+        }
+        assert got == expected
+        assert sched.num_preemptions > 0  # the pool really was too small
+        assert runner.pool.num_used_blocks == 0
+        assert not sched._live_ids
+
+
+def test_finished_blocks_are_freed_tail_first_so_prefixes_stay_cached(make_scheduler):
+    sched, runner = make_scheduler(num_blocks=3, block_size=4, budget=64)
+    req = sched.add_request(gen("a", range(1, 12), max_tokens=1))  # 11 tokens: 2 full blocks
+    run_to_completion(sched, runner)
+    pool = runner.pool
+    head = pool.lookup_prefix(req.block_hashes[:1])
+    assert len(head) == 1 and pool.num_cached_blocks == 2
+    assert pool.allocate(2) is not None  # the unhashed tail block, then the LRU one: block 1
+    assert pool.lookup_prefix(req.block_hashes[:1]) == head
