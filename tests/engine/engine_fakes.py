@@ -17,8 +17,8 @@ SPECIAL = 0  # decodes to "<eos>", skipped with skip_special_tokens
 
 
 def next_token(token_ids: list[int]) -> int:
-    """The fake model's greedy choice: the last token plus one, never the special token."""
-    return token_ids[-1] % (VOCAB - 1) + 1
+    """The fake model's greedy choice: the last token plus one (63 -> 0, the special token)."""
+    return (token_ids[-1] + 1) % VOCAB
 
 
 def sampled_logprob(token_ids: list[int], token: int) -> float:

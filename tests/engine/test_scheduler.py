@@ -255,7 +255,7 @@ def test_random_workload_under_memory_pressure_matches_reference(make_scheduler)
     rng = random.Random(7)
     for caching in (True, False):
         sched, runner = make_scheduler(
-            num_blocks=14, block_size=4, budget=12, max_num_seqs=6, caching=caching
+            num_blocks=14, block_size=4, budget=12, max_num_seqs=6, caching=caching, eos=(0,)
         )
         shared = [rng.randrange(1, 60) for _ in range(9)]
         expected = {}
