@@ -141,3 +141,14 @@ class ClassifyTask(Task):
 
     def metrics_need_results(self) -> bool:
         return True
+
+    @staticmethod
+    def summary_lines(summary: Mapping) -> list[str]:
+        counts = summary.get("label_counts") or {}
+        lines = ["labels: " + ", ".join(f"{name} {count}" for name, count in counts.items())]
+        if summary.get("label_tokenization_fallbacks"):
+            lines.append(
+                f"note: {summary['label_tokenization_fallbacks']} prompts merged with a label at the "
+                "boundary; their labels were tokenized on their own"
+            )
+        return lines

@@ -32,6 +32,7 @@ from bulkrun.tasks.metrics import (
     format_metrics,
     generation_metrics,
 )
+from bulkrun.tasks.sweep import SWEEP_KEYS
 
 MATCH_MODES = ("exact", "normalized")
 
@@ -55,6 +56,10 @@ class EvalTask(Task):
         "expected_field": None,  # default: "label" for classify-style suites, else "answer"
         "answer_regex": None,
         "match": "exact",
+        # A sweep (bulkrun.tasks.sweep): one run per combination; never reaches from_options itself.
+        "sweep_model": None,
+        "sweep_template": None,
+        "sweep_temperature": None,
     }
 
     def __init__(
@@ -76,6 +81,8 @@ class EvalTask(Task):
 
     @classmethod
     def from_options(cls, options: dict) -> EvalTask:
+        if any(options.get(key) for key in SWEEP_KEYS):
+            raise ValueError("a sweep is run by `bulkrun eval` / `bulkrun run`, one job per combination")
         has_labels = options.get("labels") is not None or options.get("labels_file") is not None
         classifier = ClassifyTask.from_options(options) if has_labels else None
         if not has_labels:
