@@ -181,3 +181,31 @@ def test_max_model_len_from_config_caps_the_model(make_engine):
     engine.runner.pool = capped.pool
     out = capped.generate([gen("c", [1, 2, 3], max_tokens=50)])[0]
     assert capped.max_model_len == 6 and out.output_token_ids == [4, 5, 6] and out.finish_reason == "length"
+
+
+@pytest.fixture(scope="module")
+def real_tokenizer():
+    from transformers import AutoTokenizer
+
+    from bulkrun.model_source import resolve_model
+
+    return AutoTokenizer.from_pretrained(resolve_model(None))
+
+
+def test_incremental_detokenization_matches_full_decode(real_tokenizer):
+    from bulkrun.engine.stop import StopStringMatcher, decode_output
+
+    tok = real_tokenizer
+    prompt = tok.encode("Say something:")
+    answer = " Grüße aus Köln 🙂🎉 — 東京 def f(x):\n    return x  END and more"
+    ids = prompt + tok.encode(answer)
+    follow = StopStringMatcher(tok, ("NEVER",), len(prompt))
+    stopper = StopStringMatcher(tok, (" END", "more"), len(prompt))
+    stopped_at = None
+    for end in range(len(prompt) + 1, len(ids) + 1):
+        assert not follow.update(ids[:end])
+        if stopped_at is None and stopper.update(ids[:end]):
+            stopped_at = end
+    assert follow.text == decode_output(tok, ids, len(prompt), len(ids)) == answer
+    assert stopper.stopped and stopper.text == answer[: answer.index(" END")]
+    assert tok.decode(ids[len(prompt) : stopped_at]).endswith(" END")  # found as soon as it completed
