@@ -1,0 +1,248 @@
+"""Paged attention for a mixed batch (decode rows and prompt chunks) in one Triton launch.
+
+Layout: one program per (query block, kv head). A query block holds up to BLOCK_Q consecutive query
+tokens of ONE sequence, times the GROUP query heads that share the kv head (GQA), so BLOCK_M =
+BLOCK_Q * GROUP rows share every K/V tile they load. The program walks the sequence's context through
+its block table in tiles of TILE_N keys with an online softmax (fp32, exp2).
+
+The grid size comes from shapes only (T // BLOCK_Q + B: an upper bound on the query blocks of all
+sequences), and each program finds its sequence by binary search over query_start_loc, so the launch
+needs no host sync and can be captured in a CUDA graph. Surplus programs exit at once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ._checks import (
+    FLOAT_DTYPES,
+    check_dtype,
+    check_last_dim_contiguous,
+    check_ndim,
+    check_runnable,
+    check_same_device,
+)
+
+
+@triton.jit
+def _find_seq_idx(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q: tl.constexpr):
+    # Sequence s owns query blocks starting at query_start_loc[s] // BLOCK_Q + s; find the last s
+    # whose first block is <= q_block_idx.
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first_block = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if first_block <= q_block_idx:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _paged_attention_kernel(
+    out_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    scale_log2,  # softmax scale * log2(e): the kernel uses exp2
+    num_seqs,
+    block_size,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_bt,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    TILE_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+):
+    q_block_idx = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = _find_seq_idx(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    local_block = q_block_idx - (q_start // BLOCK_Q + seq)
+    if local_block * BLOCK_Q >= q_len:
+        return  # surplus program of the upper-bound grid
+    context_len = tl.load(seq_lens_ptr + seq)
+
+    # Row r is query token r // GROUP of this block, head kv_head * GROUP + r % GROUP.
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    q_idx = local_block * BLOCK_Q + offs_m // GROUP
+    head = kv_head * GROUP + offs_m % GROUP
+    row_ok = (offs_m < BLOCK_Q * GROUP) & (q_idx < q_len)
+    d_ok = offs_d < HEAD_DIM
+    q_pos = context_len - q_len + q_idx  # absolute position: causal limit of each row
+    tok = (q_start + q_idx).to(tl.int64)
+    q_offs = tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptr + q_offs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if DOT_IN_FP32:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
+
+    # Keys visible to the last query of this block; later keys are never needed.
+    kv_len = context_len - q_len + tl.minimum(q_len, (local_block + 1) * BLOCK_Q)
+    offs_n = tl.arange(0, TILE_N)
+    table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    for start in range(0, kv_len, TILE_N):
+        k_pos = start + offs_n
+        k_ok = k_pos < kv_len
+        block = tl.load(table_row + k_pos // block_size, mask=k_ok, other=0).to(tl.int64)
+        slot = (k_pos % block_size).to(tl.int64)
+        kv_mask = k_ok[:, None] & d_ok[None, :]
+        k_offs = block[:, None] * stride_kb + slot[:, None] * stride_ks + kv_head * stride_kh
+        k = tl.load(k_cache_ptr + k_offs + offs_d[None, :], mask=kv_mask, other=0.0)
+        if DOT_IN_FP32:
+            k = k.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+        visible = (k_pos[None, :] <= q_pos[:, None]) & k_ok[None, :]
+        s = tl.where(visible, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)  # rows with nothing visible yet
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v_offs = block[:, None] * stride_vb + slot[:, None] * stride_vs + kv_head * stride_vh
+        v = tl.load(v_cache_ptr + v_offs + offs_d[None, :], mask=kv_mask, other=0.0)
+        if DOT_IN_FP32:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    acc = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    o_offs = tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+    tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+def _interpreted() -> bool:
+    return type(_paged_attention_kernel).__name__ == "InterpretedFunction"
+
+
+def _pick_blocks(num_tokens: int, num_seqs: int, group: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_Q, TILE_N) from shapes only: small query blocks when decode rows dominate."""
+    prefill_heavy = num_tokens >= 8 * max(num_seqs, 1)
+    block_m = max(64 if prefill_heavy else 16, triton.next_power_of_2(group))
+    tile_n = 64 if prefill_heavy else 32
+    return block_m, block_m // group, tile_n
+
+
+def _check_args(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out) -> None:
+    check_ndim("q", q, 3, "[num_tokens, num_q_heads, head_dim]")
+    check_ndim("k_cache", k_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
+    check_ndim("v_cache", v_cache, 4, "[num_blocks, block_size, num_kv_heads, head_dim]")
+    check_ndim("block_tables", block_tables, 2, "[num_seqs, max_blocks_per_seq]")
+    check_ndim("query_start_loc", query_start_loc, 1, "[num_seqs + 1]")
+    check_ndim("seq_lens", seq_lens, 1, "[num_seqs]")
+    check_dtype("q", q, FLOAT_DTYPES)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name} dtype {t.dtype} differs from q dtype {q.dtype}")
+    for name, t in (
+        ("block_tables", block_tables),
+        ("query_start_loc", query_start_loc),
+        ("seq_lens", seq_lens),
+    ):
+        check_dtype(name, t, (torch.int32,))
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache shape {tuple(v_cache.shape)} differs from k_cache {tuple(k_cache.shape)}")
+    num_q_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_cache.shape[2]
+    if k_cache.shape[3] != head_dim:
+        raise ValueError(f"k_cache head_dim {k_cache.shape[3]} differs from q head_dim {head_dim}")
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"num_q_heads {num_q_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+    num_seqs = seq_lens.shape[0]
+    if query_start_loc.shape[0] != num_seqs + 1 or block_tables.shape[0] != num_seqs:
+        raise ValueError(
+            f"batch sizes disagree: seq_lens has {num_seqs}, query_start_loc {query_start_loc.shape[0]} "
+            f"(needs {num_seqs + 1}), block_tables {block_tables.shape[0]} rows"
+        )
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables)):
+        check_last_dim_contiguous(name, t)
+    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1):
+        raise ValueError(
+            f"out must match q ({tuple(q.shape)}, {q.dtype}), got {tuple(out.shape)}, {out.dtype}"
+        )
+    check_same_device(
+        q=q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        block_tables=block_tables,
+        query_start_loc=query_start_loc,
+        seq_lens=seq_lens,
+        **({"out": out} if out is not None else {}),
+    )
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of each sequence's new queries over its whole cached context.
+
+    q[T, Hq, D]: the step's queries, packed; sequence s owns rows query_start_loc[s]:query_start_loc[s+1].
+    seq_lens[s]: context length including this step's tokens (whose K/V must already be in the cache);
+    query i of a chunk of length n sits at position seq_lens[s] - n + i. Returns [T, Hq, D] (into `out`
+    when given, e.g. a static buffer of a CUDA graph).
+    """
+    _check_args(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out)
+    check_runnable(_paged_attention_kernel, q.device)
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    num_seqs = seq_lens.shape[0]
+    if out is None:
+        out = torch.empty_like(q)
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    group = num_q_heads // num_kv_heads
+    block_m, block_q, tile_n = _pick_blocks(num_tokens, num_seqs, group)
+    grid = (num_tokens // block_q + num_seqs, num_kv_heads)
+    _paged_attention_kernel[grid](
+        out, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
+        scale * math.log2(math.e), num_seqs, k_cache.shape[1],
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0),
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_M=block_m,
+        BLOCK_Q=block_q,
+        TILE_N=tile_n,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        # Triton's interpreter multiplies bf16 bit patterns in tl.dot (triton-lang/triton#11584).
+        DOT_IN_FP32=q.dtype == torch.bfloat16 and _interpreted(),
+    )  # fmt: skip
+    return out
