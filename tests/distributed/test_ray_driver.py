@@ -1,0 +1,108 @@
+"""The Ray driver's bookkeeping, with a model-free slice runner (fake_slice_runner.py):
+results complete and in input order, a worker killed mid-slice loses and duplicates nothing, a job
+error stops the run with its own message, and a rerun after the driver was killed resumes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from fake_slice_runner import FakeSpec, expected_results, read_results, shard_rows
+
+from bulkrun.errors import InputError, ModelError
+
+pytestmark = pytest.mark.ray
+RUNNER = "fake_slice_runner"
+
+
+def run(spec, **kwargs):
+    from bulkrun.distributed.ray_runner import run_on_ray
+
+    return run_on_ray(spec, runner=RUNNER, **kwargs)
+
+
+def assert_exactly_once(spec):
+    assert read_results(spec.out) == expected_results(spec)
+    duplicates = [row for row, times in Counter(shard_rows(spec.out)).items() if times > 1]
+    assert duplicates == []
+
+
+def test_two_workers_cover_the_job_in_input_order(ray_cluster, make_rows, tmp_path):
+    spec = FakeSpec(input=make_rows(25), out=str(tmp_path / "out"), delay_s=0.0)
+    report = run(spec)
+    assert_exactly_once(spec)
+    assert report["items"] == 25 and report["workers"] == 2 and report["worker_restarts"] == 0
+    assert len({p for p in [report.get("pid")] if p}) <= 1  # merged reports keep scalars
+
+
+@pytest.mark.parametrize("how", ["ray.kill", "os.kill"])
+def test_a_worker_killed_mid_slice_loses_and_duplicates_nothing(ray_cluster, make_rows, tmp_path, how):
+    spec = FakeSpec(input=make_rows(60), out=str(tmp_path / "out"), delay_s=0.05)
+    killed = []
+
+    def kill_once(state):
+        busy = [w for w in state.workers if w.partition is not None and w.info]
+        if killed or state.items_done < 6 or not busy:
+            return
+        victim = busy[0]
+        killed.append(victim.partition)
+        if how == "ray.kill":
+            ray_cluster.kill(victim.handle)
+        else:
+            os.kill(victim.info["pid"], signal.SIGKILL)
+
+    report = run(spec, on_tick=kill_once)
+    assert killed, "the job ended before a worker could be killed"
+    assert report["worker_restarts"] == 1
+    assert_exactly_once(spec)
+
+
+def test_a_job_error_in_a_worker_stops_the_run_with_its_message(ray_cluster, make_rows, tmp_path):
+    spec = FakeSpec(input=make_rows(4), out=str(tmp_path / "out"))
+    Path(spec.input).unlink()  # workers read the input when their slice starts
+    with pytest.raises(InputError, match="does not exist"):
+        run(spec)
+
+
+def test_an_engine_that_cannot_load_stops_the_run_without_retries(ray_cluster, make_rows, tmp_path):
+    spec = FakeSpec(input=make_rows(4), out=str(tmp_path / "out"), engine_error="model 'nope' not found")
+    deaths = []
+    with pytest.raises(ModelError, match="model 'nope' not found"):
+        run(spec, on_tick=lambda state: deaths.append(state.deaths))
+    assert set(deaths) <= {0}
+
+
+def test_rerun_after_the_driver_is_killed_resumes(ray_cluster, make_rows, tmp_path):
+    spec = FakeSpec(input=make_rows(80), out=str(tmp_path / "out"), delay_s=0.05)
+    address = ray_cluster.get_runtime_context().gcs_address
+    here = str(Path(__file__).parent)
+    script = (
+        "import ray; from fake_slice_runner import FakeSpec;"
+        "from bulkrun.distributed.ray_runner import run_on_ray;"
+        f"ray.init(address={address!r}, runtime_env={{'env_vars': {{'PYTHONPATH': {here!r}}}}});"
+        f"run_on_ray(FakeSpec(input={spec.input!r}, out={spec.out!r}, delay_s=0.05), runner={RUNNER!r})"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+    driver = subprocess.Popen(
+        [sys.executable, "-c", script], env=env, stderr=open(tmp_path / "driver.log", "w")
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(set(shard_rows(spec.out))) < 12 and time.monotonic() < deadline:
+            assert driver.poll() is None, "the driver ended before it could be killed"
+            time.sleep(0.1)
+    finally:
+        driver.kill()
+        driver.wait()
+    committed_before = len(set(shard_rows(spec.out)))
+    assert 12 <= committed_before < 80
+    time.sleep(1.0)  # let Ray reap the dead driver's workers
+    report = run(spec)
+    assert read_results(spec.out) == expected_results(spec)
+    assert report["items"] <= 80 - committed_before + 2 * spec.commit_every  # only what was left
