@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import string
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from bulkrun.engine.outputs import RequestOutput
 from bulkrun.engine.params import EngineRequest, SamplingParams
@@ -35,6 +35,11 @@ class RowError(Exception):
         self.message = message
 
 
+class RawText(str):
+    """A rendered prompt used exactly as given: never wrapped in the chat template (e.g. an
+    OpenAI /v1/completions prompt)."""
+
+
 @dataclass(slots=True)
 class TaskContext:
     """What a task may need besides the item: given once, before any item, by the job layer."""
@@ -43,13 +48,27 @@ class TaskContext:
     max_model_len: int
     sampling: SamplingParams  # the job's sampling settings (seed = job seed)
     n: int = 1  # samples per row
-    options: dict = field(default_factory=dict)  # task-specific options from the spec / CLI
+    text_field: str = "text"  # --text-field
+    prompt_template: str | None = None  # --prompt-template ({field} placeholders)
 
 
 class Task(ABC):
     """One kind of bulk work. Subclasses set `name` and implement render/requests/result."""
 
     name: str = ""
+    # Task-specific options (spec keys / CLI flags beyond the shared ones) with their defaults,
+    # e.g. classify: {"labels": None, "labels_file": None}. The job layer refuses other keys.
+    options: ClassVar[dict[str, Any]] = {}
+    # Options that do not change results (left out of the job fingerprint).
+    cosmetic_options: ClassVar[frozenset[str]] = frozenset()
+    # Defaults of shared options that suit this task better (e.g. summarize: more max_tokens);
+    # a spec or a flag still overrides them.
+    default_overrides: ClassVar[dict[str, Any]] = {}
+
+    @classmethod
+    def from_options(cls, options: dict) -> Task:
+        """Build the task from its options (defaults filled in); raise ValueError for a bad value."""
+        return cls(**options)
 
     def bind(self, ctx: TaskContext) -> None:
         """Called once before any item; override to precompute (e.g. tokenize labels)."""
@@ -100,9 +119,28 @@ def fill_template(template: str, fields: dict) -> str:
     for name in template_fields(template):
         if name not in fields or fields[name] is None:
             raise RowError("template_field_missing", f"prompt template needs field '{name}'")
-        value = fields[name]
-        values[name] = value if isinstance(value, str) else str(value)
+        values[name] = _as_text(fields[name], name)
     return template.format_map(values)
+
+
+def _as_text(value: Any, name: str) -> str:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RowError("invalid_utf8", f"field '{name}' is not valid UTF-8: {exc.reason}") from None
+    if isinstance(value, str):
+        _check_encodable(value, name)
+        return value
+    return str(value)
+
+
+def _check_encodable(value: str, name: str) -> None:
+    # JSON "\ud800" escapes give lone surrogates: valid JSON, not valid UTF-8 text.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RowError("invalid_utf8", f"field '{name}' is not valid UTF-8: {exc.reason}") from None
 
 
 def text_field(fields: dict, name: str) -> str:
@@ -110,13 +148,9 @@ def text_field(fields: dict, name: str) -> str:
     if name not in fields or fields[name] is None:
         raise RowError("missing_field", f"field '{name}' is missing")
     value = fields[name]
-    if isinstance(value, bytes):
-        try:
-            value = value.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise RowError("invalid_utf8", f"field '{name}' is not valid UTF-8: {exc.reason}") from None
-    if not isinstance(value, str):
+    if not isinstance(value, str | bytes):
         raise RowError("not_a_string", f"field '{name}' is {type(value).__name__}, not a string")
+    value = _as_text(value, name)
     if not value.strip():
         raise RowError("empty_text", f"field '{name}' is empty")
     return value
@@ -132,13 +166,14 @@ def sample_seed(job_seed: int | None, item_id: str, sample: int) -> int | None:
     return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
-def generation_columns(outputs: list[RequestOutput], n: int) -> dict:
-    """text / finish_reason / token counts; scalars for one sample, lists (per sample) for --n > 1."""
+def generation_columns(outputs: list[RequestOutput], n: int, *, as_lists: bool = False) -> dict:
+    """text / finish_reason / token counts; scalars for one sample, lists (per sample) for --n > 1
+    or when `as_lists` (a column's type must not change from row to row)."""
     texts = [o.text for o in outputs]
     reasons = [o.finish_reason for o in outputs]
     generated = [len(o.output_token_ids) for o in outputs]
     prompt_tokens = len(outputs[0].prompt_token_ids) if outputs else 0
-    if n == 1:
+    if n == 1 and not as_lists:
         return {
             "text": texts[0],
             "finish_reason": reasons[0],

@@ -1,0 +1,48 @@
+"""From parsed options to a finished job: build the spec, run it (locally, as a slice, or on Ray),
+print the summary, and return the exit code. Commands stay thin by calling `run_task_command`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from bulkrun.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_ROW_ERRORS
+from bulkrun.job.spec import JobSpec, build_spec
+
+
+def run_task_command(
+    task: str, input: Path | str | None, opts: dict, task_options: dict | None = None
+) -> int:
+    """What a job command does: its task, its input argument, the shared options given on the
+    command line (`opts` from with_options) and the task's own options (None = not given)."""
+    values = {"task": task, "input": None if input is None else str(input), **opts, **(task_options or {})}
+    return execute(build_spec([("the command line", values)]))
+
+
+def execute(spec: JobSpec) -> int:
+    from bulkrun.distributed.cli_options import check_exec_options
+
+    check_exec_options(spec.ray, spec.workers, spec.shard)
+    if spec.ray is not None:
+        from bulkrun.distributed.ray_runner import run_on_ray
+
+        report = run_on_ray(spec)
+    else:
+        from bulkrun.job.runner import run_job
+
+        report = run_job(spec)
+    if not spec.quiet:
+        from bulkrun.job.report import summary_lines
+
+        print("\n".join(summary_lines(report)), file=sys.stderr)
+    return exit_code(report, sliced=spec.shard is not None)
+
+
+def exit_code(report: dict, sliced: bool = False) -> int:
+    """0 all rows done; 3 done with row errors; 8 rows remain (a whole job that did not finish).
+    A --shard slice looks at its own rows only."""
+    if sliced:
+        return EXIT_ROW_ERRORS if report.get("selection_errors_total") else EXIT_OK
+    if not report.get("complete", False):
+        return EXIT_INCOMPLETE
+    return EXIT_ROW_ERRORS if report.get("errors_total") else EXIT_OK

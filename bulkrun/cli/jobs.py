@@ -1,0 +1,83 @@
+"""Job commands: generate, summarize, and run (a TOML job spec)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from bulkrun.cli.app import app
+from bulkrun.cli.execute import execute, run_task_command
+from bulkrun.cli.options import JOB_OPTIONS, with_options
+from bulkrun.errors import UsageError
+from bulkrun.job.spec import normalize_key, spec_from_file
+
+INPUT = typer.Argument(
+    ..., help="Input file: .jsonl, .parquet, .csv, or an OpenAI batch .jsonl.", show_default=False
+)
+
+
+@app.command()
+@with_options(JOB_OPTIONS)
+def generate(input: Path = INPUT, opts: dict = None) -> int:
+    """Generate text for every row (use --n for several samples per row: synthetic data).
+
+    The prompt is the row's --text-field, or --prompt-template filled from its fields. OpenAI batch
+    files are detected and answered in OpenAI's output format (output.jsonl, errors.jsonl).
+    """
+    return run_task_command("generate", input, opts)
+
+
+@app.command()
+@with_options(JOB_OPTIONS)
+def summarize(
+    input: Path = INPUT,
+    instruction: str = typer.Option(None, "--instruction", help="Instruction placed before each text."),
+    opts: dict = None,
+) -> int:
+    """Summarize the text of every row (default max tokens 160)."""
+    return run_task_command("summarize", input, opts, {"instruction": instruction})
+
+
+@app.command()
+@with_options(JOB_OPTIONS)
+def run(
+    spec: Path = typer.Argument(
+        ..., help="Job spec (TOML): task, input, and any option.", show_default=False
+    ),
+    input: str = typer.Option(None, "--input", "-i", help="Input file (overrides the spec's)."),
+    set_: list[str] = typer.Option(
+        None, "--set", help="Override any spec key: --set key=value (repeatable)."
+    ),
+    opts: dict = None,
+) -> int:
+    """Run a job spec, e.g. `bulkrun run jobs/classify-tickets.toml` (what a cron line calls).
+
+    Flags given here override the spec's values; a rerun resumes where the last run stopped.
+    """
+    overrides = dict(opts)
+    if input is not None:
+        overrides["input"] = input
+    overrides.update(_parse_sets(set_ or []))
+    return execute(spec_from_file(spec, overrides))
+
+
+def _parse_sets(items: list[str]) -> dict:
+    """`key=value` pairs; the value is read as a TOML value when it is one (numbers, lists,
+    true/false, quoted strings), else taken as a plain string."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    values = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--set expects key=value, got {item!r}")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        values[normalize_key(key.strip())] = value
+    return values

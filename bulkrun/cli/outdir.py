@@ -1,0 +1,53 @@
+"""Commands on an output directory: status and export."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from bulkrun.cli.app import app
+from bulkrun.errors import EXIT_INCOMPLETE, EXIT_OK, UsageError
+
+OUT = typer.Argument(..., help="The job's output directory (its --out).", show_default=False)
+
+
+@app.command()
+def status(
+    out: Path = OUT,
+    as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
+) -> int:
+    """Show how far a job is: rows done, errored and remaining, whether a run is alive, throughput.
+
+    Exit code 0 when the job is finished, 8 while rows remain.
+    """
+    from bulkrun.job.status import job_status, status_lines
+
+    info = job_status(out)
+    typer.echo(json.dumps(info, indent=2) if as_json else "\n".join(status_lines(info)))
+    return EXIT_OK if info["remaining"] == 0 else EXIT_INCOMPLETE
+
+
+@app.command()
+def export(
+    out: Path = OUT,
+    fmt: str = typer.Option(
+        None, "--format", "-f", help="results as jsonl or parquet (default: like the input)."
+    ),
+    force: bool = typer.Option(False, "--force", help="Export what is committed even if rows remain."),
+) -> int:
+    """Merge the committed shards into the final files (results, errors, OpenAI output), in input order.
+
+    For a job split with --shard K/N, run this once every slice is done; it lists the missing slices
+    otherwise (exit code 8).
+    """
+    from bulkrun.job.export import export_job
+
+    if fmt not in (None, "jsonl", "parquet"):
+        raise UsageError(f"--format must be jsonl or parquet, got {fmt!r}")
+    report = export_job(out, fmt, force)
+    print(f"exported {report['results_total']} results and {report['errors_total']} errors: "
+          + ", ".join(str(out / name) for name in report["files"]), file=sys.stderr)  # fmt: skip
+    return EXIT_OK

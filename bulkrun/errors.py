@@ -1,0 +1,79 @@
+"""Errors a user can cause, each with a stable process exit code.
+
+Exit codes of every `bulkrun` command (stable; scripts and cron lines may rely on them):
+
+====  =================  ==========================================================================
+code  name               meaning
+====  =================  ==========================================================================
+0     OK                 every row done (or the command succeeded)
+1     FATAL              an unexpected internal error (a bug: the traceback is shown)
+2     USAGE              bad command line or job spec: unknown option or key, invalid value
+3     ROW_ERRORS         the job finished, but some rows became error records (see OUT/errors.*)
+4     INPUT              the input cannot be read: missing, unreadable, unknown or broken format
+5     MODEL              the model cannot be found or loaded
+6     LOCKED             another live run holds the output directory's lock
+7     JOB_CHANGED        OUT holds a different job (spec, model or input changed); rerun with --restart
+8     INCOMPLETE         export/status: the job (or some --shard slices) has not finished
+9     OUTPUT             the output directory cannot be written
+130   INTERRUPTED        stopped by Ctrl-C / SIGTERM; committed shards are kept, rerun to resume
+====  =================  ==========================================================================
+
+Library code raises these; only the CLI edge turns them into one line on stderr and the exit code.
+Bad rows are never exceptions that stop a job: they become error records (see bulkrun.tasks.base.RowError).
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FATAL = 1
+EXIT_USAGE = 2
+EXIT_ROW_ERRORS = 3
+EXIT_INPUT = 4
+EXIT_MODEL = 5
+EXIT_LOCKED = 6
+EXIT_JOB_CHANGED = 7
+EXIT_INCOMPLETE = 8
+EXIT_OUTPUT = 9
+EXIT_INTERRUPTED = 130
+
+
+class BulkrunError(Exception):
+    """A failure the user can fix; the message is one line, shown without a traceback."""
+
+    exit_code = EXIT_FATAL
+
+
+class UsageError(BulkrunError):
+    """Unknown option or spec key, invalid value, conflicting flags."""
+
+    exit_code = EXIT_USAGE
+
+
+class SpecError(UsageError):
+    """An invalid TOML job spec (unknown key, wrong type, unparsable file)."""
+
+
+class InputError(BulkrunError):
+    """The input as a whole cannot be read (not a bad row: those become error records)."""
+
+    exit_code = EXIT_INPUT
+
+
+class ModelError(BulkrunError):
+    exit_code = EXIT_MODEL
+
+
+class LockHeld(BulkrunError):
+    exit_code = EXIT_LOCKED
+
+
+class JobChanged(BulkrunError):
+    exit_code = EXIT_JOB_CHANGED
+
+
+class Incomplete(BulkrunError):
+    exit_code = EXIT_INCOMPLETE
+
+
+class OutputError(BulkrunError):
+    exit_code = EXIT_OUTPUT

@@ -1,0 +1,143 @@
+"""The job loop: feed windows into the engine with backpressure, collect finished items, checkpoint.
+
+An item is finished when all its requests (e.g. --n samples) came back; then the task turns the
+outputs into a result record, or a RowError into an error record. Records are buffered in the shard
+writers and committed at every checkpoint, and once more at the end (or on Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from bulkrun.engine.outputs import RequestOutput
+from bulkrun.engine.params import EngineRequest
+from bulkrun.io.shards import ShardWriter
+from bulkrun.io.windows import Prepared, error_record
+from bulkrun.job.feed import Window
+from bulkrun.job.stats import RunStats
+from bulkrun.tasks.base import Item, RowError, Task
+
+
+@dataclass(slots=True)
+class _Pending:
+    item: Item
+    outputs: list
+    left: int
+    error: RowError | None = None
+
+
+@dataclass
+class Checkpointer:
+    """Commit every `items` records and/or every `seconds`, whichever comes first."""
+
+    items: int | None
+    seconds: float | None
+    commit: Callable[[], None]
+    _last: float = field(default_factory=time.monotonic)
+
+    def maybe(self, buffered: int) -> None:
+        due_items = self.items is not None and buffered >= self.items
+        due_time = self.seconds is not None and time.monotonic() - self._last >= self.seconds
+        if due_items or (due_time and buffered):
+            self.now()
+
+    def now(self) -> None:
+        self.commit()
+        self._last = time.monotonic()
+
+
+class Driver:
+    def __init__(self, engine, task: Task, results: ShardWriter, errors: ShardWriter, stats: RunStats,
+                 keep_fields: list[str] | None = None):  # fmt: skip
+        self.engine, self.task = engine, task
+        self.results, self.errors, self.stats = results, errors, stats
+        self.keep_fields = keep_fields or []
+        self.pending: dict[int, _Pending] = {}
+        self.on_record: Callable[[], None] = lambda: None  # progress bar hooks
+        self.on_step: Callable[[], None] = lambda: None
+
+    def run(self, windows: Iterator[Window], checkpointer: Checkpointer) -> None:
+        feed = self._requests(windows)
+        exhausted = False
+        while True:
+            while not exhausted and self.engine.has_capacity():
+                request = next(feed, None)
+                if request is None:
+                    exhausted = True
+                else:
+                    self._add(request)
+            if not self.engine.has_unfinished():
+                if exhausted:
+                    break
+                continue  # every request of the window failed at add time
+            for output in self.engine.step():
+                self._on_output(output)
+            self.stats.on_step(self.engine.last_stats)
+            self.on_step()
+            checkpointer.maybe(len(self.results) + len(self.errors))
+
+    def _requests(self, windows: Iterator[Window]) -> Iterator[EngineRequest]:
+        for window in windows:
+            for record in window.errors:
+                self._write_error(record)
+            for prepared in window.prepared:
+                yield from self._item_requests(prepared)
+
+    def _item_requests(self, prepared: Prepared) -> Iterator[EngineRequest]:
+        index = prepared.item.index
+        self.pending[index] = _Pending(prepared.item, [None] * len(prepared.requests), len(prepared.requests))
+        for k, request in enumerate(prepared.requests):
+            request.request_id = f"{index}/{k}"
+            yield request
+
+    def _add(self, request: EngineRequest) -> None:
+        try:
+            self.engine.add_request(request)
+        except ValueError as exc:
+            index, k = _split_id(request.request_id)
+            pending = self.pending[index]
+            pending.error = pending.error or RowError("invalid_request", str(exc))
+            self._arrived(index, k, None)
+
+    def _on_output(self, output: RequestOutput) -> None:
+        self.stats.on_output(output)
+        index, k = _split_id(output.request_id)
+        pending = self.pending[index]
+        if output.finish_reason == "error" and pending.error is None:
+            pending.error = RowError("engine_error", output.error or "the engine failed this request")
+        self._arrived(index, k, output)
+
+    def _arrived(self, index: int, k: int, output: RequestOutput | None) -> None:
+        pending = self.pending[index]
+        pending.outputs[k] = output
+        pending.left -= 1
+        if pending.left:
+            return
+        del self.pending[index]
+        item = pending.item
+        if pending.error is None:
+            try:
+                columns = self.task.result(item, pending.outputs)
+            except RowError as exc:
+                pending.error = exc
+        if pending.error is not None:
+            self._write_error(error_record(item.index, item.id, pending.error))
+            return
+        record = {"row": item.index, "id": item.id, **columns}
+        for name in self.keep_fields:  # copied input columns; prefixed where a name is taken
+            record[name if name not in record else f"input_{name}"] = item.fields.get(name)
+        self.results.add(record)
+        self.stats.items += 1
+        self.on_record()
+
+    def _write_error(self, record: dict) -> None:
+        self.errors.add(record)
+        self.stats.errors += 1
+        self.on_record()
+
+
+def _split_id(request_id: str) -> tuple[int, int]:
+    index, _, k = request_id.partition("/")
+    return int(index), int(k)

@@ -1,0 +1,66 @@
+"""Free generation: one prompt per row, `--n` samples each (synthetic data), or OpenAI batch lines.
+
+Every sample gets its own seed derived from (job seed, item id, sample index), so a resumed, re-sorted
+or differently batched run draws exactly the same samples.
+
+OpenAI batch rows carry their own sampling settings in `body`; those win over the job's settings
+(max_tokens / max_completion_tokens, temperature, top_p, n, seed, stop; top_k and min_p too).
+Result columns are lists (one entry per sample) for OpenAI rows and for --n > 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from bulkrun.engine.outputs import RequestOutput
+from bulkrun.engine.params import EngineRequest, SamplingParams
+from bulkrun.io.openai_batch import CHAT_URL
+from bulkrun.tasks.base import Item, RawText, RowError, Task, generation_columns, prompt_text, sample_seed
+
+_BODY_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed")
+
+
+class GenerateTask(Task):
+    name = "generate"
+
+    def render(self, item: Item) -> str | list[dict]:
+        fields = item.fields
+        if "body" in fields and "custom_id" in fields:  # an OpenAI batch line
+            return fields["messages"] if fields["url"] == CHAT_URL else RawText(fields["prompt"])
+        return prompt_text(fields, self.ctx.prompt_template, self.ctx.text_field)
+
+    def requests(self, item: Item, prompt_ids: list[int]) -> list[EngineRequest]:
+        params, n = self._params(item)
+        requests = []
+        for k in range(n):
+            sample = replace(params, seed=sample_seed(params.seed, item.id, k))
+            requests.append(EngineRequest(str(k), prompt_ids, sample))
+        return requests
+
+    def result(self, item: Item, outputs: list[RequestOutput]) -> dict:
+        openai = "body" in item.fields and "custom_id" in item.fields
+        columns = generation_columns(outputs, self.ctx.n, as_lists=openai)
+        if openai:
+            columns["endpoint"] = item.fields["url"]
+        return columns
+
+    def _params(self, item: Item) -> tuple[SamplingParams, int]:
+        params, n = self.ctx.sampling, self.ctx.n
+        body = item.fields.get("body") if "custom_id" in item.fields else None
+        if not body:
+            return params, n
+        changes = {key: body[key] for key in _BODY_KEYS if body.get(key) is not None}
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        if max_tokens is not None:
+            changes["max_tokens"] = max_tokens
+        stop = body.get("stop")
+        if stop is not None:
+            changes["stop"] = (stop,) if isinstance(stop, str) else tuple(stop)
+        try:
+            params = replace(params, **changes)
+            n = int(body.get("n") or n)
+        except (TypeError, ValueError) as exc:
+            raise RowError("invalid_request", f"bad sampling settings in body: {exc}") from None
+        if n < 1:
+            raise RowError("invalid_request", f"n must be >= 1, got {n}")
+        return params, n
