@@ -1,0 +1,20 @@
+"""What every attention layer needs to know about one packed step, passed explicitly (no globals)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from bulkrun_kernels.reference import AttentionPlan
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    positions: torch.Tensor  # [T] int64: each packed token's position in its sequence
+    slot_mapping: torch.Tensor  # [T] int64: where each token's K/V goes (block * block_size + offset)
+    block_tables: torch.Tensor  # [B, max_blocks] int32, rows padded with 0
+    query_start_loc: torch.Tensor  # [B + 1] int32: sequence s owns rows query_start_loc[s]:[s+1]
+    seq_lens: torch.Tensor  # [B] int32: context length including this step's tokens
+    # Reference (CPU) attention only: the step's grouping of sequences, built once, used by every layer.
+    plan: AttentionPlan | None = None

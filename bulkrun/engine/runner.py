@@ -1,0 +1,128 @@
+"""The model runner: owns the model, the KV cache and the sampler; executes one scheduled step."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoTokenizer
+
+from bulkrun.engine.config import EngineConfig
+from bulkrun.engine.kv_cache import KVCache, default_cpu_kv_bytes, default_cuda_kv_bytes
+from bulkrun.engine.runner_output import RunnerOutput
+from bulkrun.engine.sampler import Sampler
+from bulkrun.engine.scheduler import SchedulerOutput
+from bulkrun.engine.step_inputs import StepInputs, build_step_inputs
+from bulkrun.model.loader import load_model
+from bulkrun_kernels import get_ops
+from bulkrun_kernels.reference import plan_attention
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
+    device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    name = config.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    if name not in _DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {name!r}")
+    return device, _DTYPES[name]
+
+
+class ModelRunner:
+    def __init__(self, model_dir: str, config: EngineConfig):
+        self.config = config
+        self.device, self.dtype = resolve_device_dtype(config)
+        self.ops = get_ops(config.kernels, self.device)
+        self.model = load_model(model_dir, self.ops, self.dtype, self.device)
+        cfg = self.model.cfg
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        self.max_model_len = min(cfg.max_model_len, config.max_model_len or cfg.max_model_len)
+        self.eos_token_ids = set(cfg.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        self.block_size = config.block_size
+        self.kv_cache = KVCache.from_budget(cfg, self._kv_budget(), self.block_size, self.dtype, self.device)
+        self.num_blocks = self.kv_cache.num_blocks
+        self.sampler = Sampler()
+
+    def _kv_budget(self) -> int:
+        if self.config.kv_cache_bytes is not None:
+            return self.config.kv_cache_bytes
+        if self.device.type != "cuda":
+            return default_cpu_kv_bytes()
+        return default_cuda_kv_bytes(self.device, self._profile_activation_bytes())
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        result = RunnerOutput()
+        if not out.scheduled:
+            return result
+        inputs = self._to_device(build_step_inputs(out.scheduled, self.block_size))
+        logits = self.model(inputs.input_ids, inputs.metadata, self.kv_cache.layers, inputs.logits_indices)
+        self._sample(inputs, logits, result)
+        self._score(inputs, logits, result)
+        return result
+
+    def _to_device(self, inputs: StepInputs) -> StepInputs:
+        md = inputs.metadata
+        query_start_loc, seq_lens = md.query_start_loc, md.seq_lens  # host copies for the plan
+        if self.device.type != "cpu":
+            for name in ("positions", "slot_mapping", "block_tables", "query_start_loc", "seq_lens"):
+                setattr(md, name, getattr(md, name).to(self.device, non_blocking=True))
+            inputs.input_ids = inputs.input_ids.to(self.device, non_blocking=True)
+            inputs.logits_indices = inputs.logits_indices.to(self.device, non_blocking=True)
+        if self.ops.backend == "reference":
+            md.plan = plan_attention(md.block_tables, query_start_loc, seq_lens, self.block_size, self.dtype)
+        return inputs
+
+    def _sample(self, inputs: StepInputs, logits: torch.Tensor, result: RunnerOutput) -> None:
+        requests = inputs.sample_requests
+        if not requests:
+            return
+        params = [r.params for r in requests]
+        output_indices = [r.num_output_tokens for r in requests]
+        tokens, logprobs = self.sampler(logits[: len(requests)], params, output_indices)
+        for i, (r, token) in enumerate(zip(requests, tokens, strict=True)):
+            result.sampled[r.request_id] = token
+            if i in logprobs:
+                result.sampled_logprobs[r.request_id] = logprobs[i]
+
+    def _score(self, inputs: StepInputs, logits: torch.Tensor, result: RunnerOutput) -> None:
+        spans = inputs.score_spans
+        if not spans:
+            return
+        first = spans[0].first_row
+        targets = torch.tensor([t for s in spans for t in s.targets], device=logits.device)
+        rows = logits[first:].log_softmax(dim=-1)
+        values = rows.gather(1, targets[:, None]).squeeze(1).tolist()
+        for s in spans:
+            start = s.first_row - first
+            result.score_logprobs[s.request.request_id] = values[start : start + len(s.targets)]
+
+    @torch.inference_mode()
+    def _profile_activation_bytes(self) -> int:
+        """Peak extra device memory of a step at the full token budget (as one prompt chunk)."""
+        from bulkrun.engine.params import SamplingParams
+        from bulkrun.engine.request import Request
+        from bulkrun.engine.scheduler import ScheduledRequest
+
+        cfg = self.model.cfg
+        tokens = max(1, min(self.config.max_num_batched_tokens, self.max_model_len))
+        num_blocks = -(-tokens // self.block_size)
+        scratch = KVCache(cfg, num_blocks, self.block_size, self.dtype, self.device)
+        request = Request(
+            "profile", SamplingParams(), [0] * tokens, tokens, arrival=0, block_table=list(range(num_blocks))
+        )
+        inputs = self._to_device(
+            build_step_inputs([ScheduledRequest(request, tokens, False)], self.block_size)
+        )
+        rows = min(tokens, self.config.max_num_seqs)
+        inputs.logits_indices = torch.arange(tokens - rows, tokens, device=self.device)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        logits = self.model(inputs.input_ids, inputs.metadata, scratch.layers, inputs.logits_indices)
+        logits.log_softmax(dim=-1)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - before
+        del scratch, logits, inputs
+        torch.cuda.empty_cache()
+        return peak

@@ -1,0 +1,118 @@
+"""The Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2, Qwen3) over one packed step.
+
+All scheduled tokens of all sequences arrive as one [T] id tensor (no padding); the AttentionMetadata
+says where each token sits and where its K/V goes in the paged cache. q/k/v and gate/up projections
+are fused into one matmul each (the loader concatenates transformers' separate weights).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bulkrun.engine.attention_metadata import AttentionMetadata
+from bulkrun.model.config import ModelConfig
+
+
+def _param(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.scale = cfg.head_dim**-0.5
+        self.eps = cfg.rms_norm_eps
+        self.qkv_weight = _param(self.q_size + 2 * self.kv_size, cfg.hidden_size)
+        self.qkv_bias = _param(self.q_size + 2 * self.kv_size) if cfg.qkv_bias else None
+        self.o_weight = _param(cfg.hidden_size, self.q_size)
+        self.o_bias = _param(cfg.hidden_size) if cfg.o_bias else None
+        self.q_norm = _param(cfg.head_dim) if cfg.qk_norm else None
+        self.k_norm = _param(cfg.head_dim) if cfg.qk_norm else None
+
+    def forward(self, ops, x, md: AttentionMetadata, cos_sin, k_cache, v_cache) -> torch.Tensor:
+        T = x.shape[0]
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        q = q.view(T, self.num_heads, self.head_dim)
+        k = k.view(T, self.num_kv_heads, self.head_dim)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:  # Qwen3: RMSNorm over each head before the rotation
+            q = ops.rms_norm(q.reshape(-1, self.head_dim), self.q_norm, self.eps)[0].view(q.shape)
+            k = ops.rms_norm(k.reshape(-1, self.head_dim), self.k_norm, self.eps)[0].view(k.shape)
+        q, k = ops.rotary(q, k, md.positions, cos_sin)
+        ops.write_kv(k, v, k_cache, v_cache, md.slot_mapping)
+        extra = {"plan": md.plan} if md.plan is not None else {}
+        o = ops.paged_attention(
+            q, k_cache, v_cache, md.block_tables, md.query_start_loc, md.seq_lens, self.scale, **extra
+        )
+        return F.linear(o.view(T, self.q_size), self.o_weight, self.o_bias)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_up_weight = _param(2 * cfg.intermediate_size, cfg.hidden_size)
+        self.gate_up_bias = _param(2 * cfg.intermediate_size) if cfg.mlp_bias else None
+        self.down_weight = _param(cfg.hidden_size, cfg.intermediate_size)
+        self.down_bias = _param(cfg.hidden_size) if cfg.mlp_bias else None
+
+    def forward(self, ops, x: torch.Tensor) -> torch.Tensor:
+        gate_up = F.linear(x, self.gate_up_weight, self.gate_up_bias)
+        return F.linear(ops.silu_and_mul(gate_up), self.down_weight, self.down_bias)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.eps = cfg.rms_norm_eps
+        self.input_norm = _param(cfg.hidden_size)
+        self.post_attention_norm = _param(cfg.hidden_size)
+        self.attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+
+    def forward(self, ops, x, residual, md, cos_sin, k_cache, v_cache):
+        h, residual = ops.rms_norm(x, self.input_norm, self.eps, residual)
+        x = self.attn(ops, h, md, cos_sin, k_cache, v_cache)
+        h, residual = ops.rms_norm(x, self.post_attention_norm, self.eps, residual)
+        return self.mlp(ops, h), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, ops):
+        super().__init__()
+        self.cfg, self.ops = cfg, ops
+        self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = _param(cfg.hidden_size)
+        self.lm_head = (
+            self.embed_tokens if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size)
+        )
+        self.register_buffer("cos_sin_cache", torch.empty(0), persistent=False)
+
+    def init_rotary(self, max_positions: int) -> None:
+        """cos_sin_cache[p] = [cos(p * f) | sin(p * f)], computed in fp32 as transformers does."""
+        inv_freq = self.cfg.inv_freq()
+        freqs = torch.arange(max_positions, dtype=torch.int64).float()[:, None] * inv_freq[None, :]
+        cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+        self.cos_sin_cache = cache.to(device=self.norm.device, dtype=self.norm.dtype)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        md: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """Run the packed step; return fp32 logits [len(logits_indices), vocab] for those rows only."""
+        x, residual = F.embedding(input_ids, self.embed_tokens), None
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+            x, residual = layer(self.ops, x, residual, md, self.cos_sin_cache, k_cache, v_cache)
+        if logits_indices.numel() == 0:
+            return torch.empty(0, self.cfg.vocab_size, dtype=torch.float32, device=x.device)
+        x, residual = x.index_select(0, logits_indices), residual.index_select(0, logits_indices)
+        h, _ = self.ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps, residual)
+        return F.linear(h, self.lm_head).float()

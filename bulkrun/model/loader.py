@@ -1,0 +1,86 @@
+"""Load a Hugging Face safetensors checkpoint into our fused-projection model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from bulkrun.model.config import ModelConfig
+from bulkrun.model.llama import LlamaForCausalLM
+
+# Our fused parameter <- transformers' parameters, concatenated along dim 0 in this order.
+_FUSED = {
+    "attn.qkv_weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    "attn.qkv_bias": ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
+    "attn.o_weight": ("self_attn.o_proj.weight",),
+    "attn.o_bias": ("self_attn.o_proj.bias",),
+    "attn.q_norm": ("self_attn.q_norm.weight",),
+    "attn.k_norm": ("self_attn.k_norm.weight",),
+    "mlp.gate_up_weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+    "mlp.gate_up_bias": ("mlp.gate_proj.bias", "mlp.up_proj.bias"),
+    "mlp.down_weight": ("mlp.down_proj.weight",),
+    "mlp.down_bias": ("mlp.down_proj.bias",),
+    "input_norm": ("input_layernorm.weight",),
+    "post_attention_norm": ("post_attention_layernorm.weight",),
+}
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def load_model(model_dir: str | Path, ops, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+    """Build the model for model_dir's config and fill every parameter from its safetensors files."""
+    model_dir = Path(model_dir)
+    cfg = ModelConfig.from_model_dir(model_dir)
+    tensors = _open_checkpoint(model_dir)
+    model = LlamaForCausalLM(cfg, ops)
+    used: set[str] = set()
+    for name, param in model.named_parameters():
+        sources = _sources(name, cfg)
+        missing = [s for s in sources if s not in tensors]
+        if missing:
+            raise ValueError(f"checkpoint in {model_dir} lacks {missing[0]} (needed for {name})")
+        value = (
+            torch.cat([tensors[s]() for s in sources], dim=0) if len(sources) > 1 else tensors[sources[0]]()
+        )
+        if value.shape != param.shape:
+            raise ValueError(f"{sources[0]} has shape {tuple(value.shape)}, expected {tuple(param.shape)}")
+        param.data = value.to(device=device, dtype=dtype).contiguous()
+        used.update(sources)
+    if cfg.tie_word_embeddings:
+        model.lm_head = model.embed_tokens
+        used.add("lm_head.weight")
+    unexpected = [n for n in tensors if n not in used and not n.endswith(_IGNORED_SUFFIXES)]
+    if unexpected:
+        raise ValueError(f"checkpoint in {model_dir} has weights this model does not use: {unexpected[:5]}")
+    model.init_rotary(cfg.max_model_len)
+    return model.eval()
+
+
+def _sources(name: str, cfg: ModelConfig) -> tuple[str, ...]:
+    if name == "embed_tokens":
+        return ("model.embed_tokens.weight",)
+    if name == "norm":
+        return ("model.norm.weight",)
+    if name == "lm_head":
+        return ("lm_head.weight",)
+    _, index, local = name.split(".", 2)  # layers.{i}.{local}
+    return tuple(f"model.layers.{index}.{s}" for s in _FUSED[local])
+
+
+def _open_checkpoint(model_dir: Path) -> dict:
+    """name -> zero-argument loader, over model.safetensors or the shards an index names."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = sorted(p.name for p in model_dir.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no .safetensors weights in {model_dir}")
+    loaders = {}
+    for file in files:
+        handle = safe_open(str(model_dir / file), framework="pt")
+        for key in handle.keys():
+            loaders[key] = lambda h=handle, k=key: h.get_tensor(k)
+    return loaders
