@@ -25,6 +25,14 @@ def parse_request(obj: dict) -> dict:
     custom_id = obj.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         raise RowError("invalid_request", "custom_id must be a non-empty string")
+    try:
+        return _parse_fields(obj, custom_id)
+    except RowError as exc:
+        exc.item_id = custom_id  # the error line keeps the request's custom_id
+        raise
+
+
+def _parse_fields(obj: dict, custom_id: str) -> dict:
     url = obj.get("url", CHAT_URL)
     body = obj.get("body")
     if not isinstance(body, dict):

@@ -1,6 +1,6 @@
 """The end of a job: merge the committed shards into the final files, in input order.
 
-- results.parquet, or results.jsonl when the input was JSONL (or OpenAI batch JSONL);
+- results.jsonl when the input was JSONL (or OpenAI batch JSONL), else results.parquet;
 - errors.parquet / errors.jsonl: one record per bad row (row, id, kind, message);
 - for OpenAI batch input, output.jsonl and errors.jsonl in OpenAI's batch output format instead of
   the plain error file, so a batch moves off a hosted API with no change downstream;
@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bulkrun.io.atomic import write_atomic, write_json_atomic
-from bulkrun.io.formats import OPENAI, PARQUET
+from bulkrun.io.formats import JSONL, OPENAI
 from bulkrun.io.merge import merged_records
 from bulkrun.io.openai_batch import error_line, output_line
 from bulkrun.io.shards import ERROR_COLUMNS, ERRORS_DIR, RESULTS_DIR, records_table, shard_paths
@@ -29,7 +29,8 @@ WRITE_BATCH = 1024
 
 
 def output_format(input_format: str) -> str:
-    return "parquet" if input_format == PARQUET else "jsonl"
+    """results.jsonl for JSONL input (OpenAI batch too), results.parquet for Parquet and CSV."""
+    return "jsonl" if input_format in (JSONL, OPENAI) else "parquet"
 
 
 def finalize(out: Path, manifest: dict, task: Task | None = None, fmt: str | None = None) -> dict:

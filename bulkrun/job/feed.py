@@ -48,7 +48,7 @@ class IdRegistry:
         except UnicodeEncodeError:
             raise RowError("invalid_utf8", f"id field '{self.id_field}' is not valid UTF-8") from None
         if key in self._seen:
-            raise RowError("duplicate_id", f"id '{item_id}' was already used by an earlier row")
+            raise RowError("duplicate_id", f"id '{item_id}' was already used by an earlier row", item_id)
         self._seen.add(key)
         return item_id
 
@@ -118,12 +118,12 @@ class Feed:
                 return
             self.rows_seen += 1
             error = fields if isinstance(fields, RowError) else None
-            item_id = str(index) if self._ids.id_field is None else None
+            item_id = str(index) if self._ids.id_field is None else getattr(error, "item_id", None)
             if error is None:
                 try:
                     item_id = self._ids.item_id(index, fields)
                 except RowError as exc:
-                    error = exc
+                    error, item_id = exc, exc.item_id
             if index in self._done or (self._select is not None and not self._select(index)):
                 continue
             if error is not None:

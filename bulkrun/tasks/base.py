@@ -29,10 +29,11 @@ class Item:
 class RowError(Exception):
     """A row that cannot be processed; becomes an error record (id, row, kind, message)."""
 
-    def __init__(self, kind: str, message: str):
+    def __init__(self, kind: str, message: str, item_id: str | None = None):
         super().__init__(message)
         self.kind = kind
         self.message = message
+        self.item_id = item_id  # the row's id when it is known although the row is bad
 
 
 class RawText(str):

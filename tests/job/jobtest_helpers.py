@@ -114,3 +114,19 @@ class FakeEngine:
         text = digest[: 2 * n]
         ids = [int(digest[i : i + 2], 16) for i in range(0, 2 * n, 2)]
         return RequestOutput(req.request_id, req.prompt_token_ids, ids, text, "length")
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def texts(n: int, start: int = 0) -> list[dict]:
+    """Rows of varied length with string ids."""
+    return [{"id": f"r{i}", "text": f"row {i} " + "word " * (i % 7 + 1)} for i in range(start, start + n)]
