@@ -32,7 +32,7 @@ from ._checks import (
 def _find_seq_idx(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q: tl.constexpr):
     # Sequence s owns query blocks starting at query_start_loc[s] // BLOCK_Q + s; find the last s
     # whose first block is <= q_block_idx.
-    lo = 0
+    lo: tl.int32 = 0
     hi = num_seqs
     while lo < hi:
         mid = (lo + hi) // 2

@@ -1,0 +1,73 @@
+"""The GPU bench's model and workload: a random-weight Llama saved with a local tokenizer, random prompts.
+
+Nothing comes from a hub: the config is written here, weights are random, and the tokenizer is a
+word-level one over made-up words so that every token id decodes.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Shape:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+
+
+LLAMA_3_2_1B = Shape(hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192, vocab=128256)
+TINY = Shape(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=512)
+
+
+def build_tokenizer(vocab_size: int):
+    """A word-level tokenizer over `vocab_size` made-up words, so every id decodes (ids 0-2 special)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(vocab_size)}
+    vocab.update({"<unk>": 0, "<s>": 1, "</s>": 2})
+    for i in range(3):
+        vocab.pop(f"w{i}")
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def build_model_dir(shape: Shape, dtype, device: str, path: Path, max_positions: int):
+    """Random-weight Llama saved (safetensors + tokenizer) into `path`; returns its config."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        hidden_size=shape.hidden,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        intermediate_size=shape.intermediate,
+        vocab_size=shape.vocab,
+        max_position_embeddings=max_positions,
+        rope_theta=500000.0,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    with torch.device(device):  # initialising on the GPU takes seconds, on the CPU minutes
+        model = LlamaForCausalLM(config).to(dtype)
+    model.save_pretrained(path)
+    build_tokenizer(shape.vocab).save_pretrained(path)
+    del model
+    return config
+
+
+def make_prompts(n: int, lo: int, hi: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    lengths = [lo + (hi - lo) * i // max(1, n - 1) for i in range(n)]
+    rng.shuffle(lengths)  # arrival order is not sorted by length
+    return [[rng.randrange(3, vocab) for _ in range(length)] for length in lengths]
