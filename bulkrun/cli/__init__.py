@@ -11,7 +11,7 @@ import importlib
 import signal
 import sys
 
-import click
+import typer
 
 from bulkrun.cli.app import app
 from bulkrun.errors import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_USAGE, BulkrunError
@@ -42,15 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     try:
         code = app(args=args, prog_name="bulkrun", standalone_mode=False)
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         code = exc.exit_code
-    except click.exceptions.Abort:
+    except (typer.Abort, KeyboardInterrupt):
         code = _interrupted()
-    except KeyboardInterrupt:
-        code = _interrupted()
-    except click.exceptions.ClickException as exc:
+    except typer.TyperException as exc:  # typer's (vendored click) usage errors: show them as click does
         exc.show()
-        code = EXIT_USAGE if isinstance(exc, click.exceptions.UsageError) else exc.exit_code
+        code = getattr(exc, "exit_code", EXIT_USAGE)
     except BulkrunError as exc:
         print(f"bulkrun: error: {exc}", file=sys.stderr)
         code = exc.exit_code
