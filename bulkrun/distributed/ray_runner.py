@@ -75,9 +75,9 @@ def run_on_ray(
             n_workers = _worker_count(cluster, workers_wanted)
             driver = _Driver(spec, cluster, n_workers, on_tick, session.total_rows, runner)
             reports = driver.run()
-            report = merge_reports(reports)
+            report = merge_reports(reports, wall_s=driver.processing_s())
             report.update(
-                wall_s=time.time() - started,
+                job_wall_s=round(time.time() - started, 3),  # with Ray start-up and model loading
                 workers=n_workers,
                 worker_restarts=driver.state.deaths,
                 ray_address=cluster.ray.get_runtime_context().gcs_address,
@@ -112,6 +112,8 @@ class _Driver:
         self.reports: dict[Partition, dict] = {}
         self.state = DriverState(workers=[])
         self.attempts = 0
+        self.first_slice_at: float | None = None  # processing time: first slice handed out ...
+        self.last_slice_at: float | None = None  # ... to the last slice finished
         self.board = self.ray.remote(num_cpus=0)(ProgressBoard).remote()
         self.actor_class = self.ray.remote(SliceWorker)
         self.bar = _progress_bar(spec, total)
@@ -136,6 +138,11 @@ class _Driver:
                 self.ray.kill(slot.handle)
             self.ray.kill(self.board)
 
+    def processing_s(self) -> float:
+        if self.first_slice_at is None or self.last_slice_at is None:
+            return 0.0
+        return self.last_slice_at - self.first_slice_at
+
     def _start_worker(self) -> None:
         handle = self.actor_class.options(**self.resources).remote(self.spec, self.board, self.runner)
         slot = WorkerSlot(handle, number=len(self.state.workers))
@@ -146,6 +153,7 @@ class _Driver:
         while self.idle and self.pending:
             slot = self.idle.pop()
             slot.partition = self.pending.popleft()
+            self.first_slice_at = self.first_slice_at or time.monotonic()
             self.attempts += 1
             slot.attempt = f"{slot.partition.tag}#{self.attempts}"
             self.busy[slot.handle.run_slice.remote(slot.partition, slot.attempt)] = slot
@@ -165,6 +173,7 @@ class _Driver:
         if slot.partition is not None:
             self.reports[slot.partition] = result
             self.state.slices_done += 1
+            self.last_slice_at = time.monotonic()
             slot.partition = None
         else:
             slot.info = result
@@ -188,9 +197,9 @@ class _Driver:
     def _tick(self) -> None:
         items, tokens = self.ray.get(self.board.totals.remote())
         self.state.items_done, self.state.tokens = items, tokens
-        self.bar.n = items
-        self.bar.set_postfix(tokens=tokens, workers=len(self.busy), refresh=False)
-        self.bar.refresh()
+        if items != self.bar.n:  # may go back when a dead worker's counts are dropped
+            self.bar.set_postfix(tokens=tokens, workers=len(self.busy), refresh=False)
+            self.bar.update(items - self.bar.n)
         if self.on_tick is not None:
             self.on_tick(self.state)
 

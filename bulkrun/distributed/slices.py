@@ -112,10 +112,31 @@ def check_complete(out: str | OutDir, fingerprint: str | None = None) -> int | N
     raise IncompleteSlices({n: [i for i in range(n) if i not in idx] for n, idx in done.items()})
 
 
-def merge_reports(reports: list[Mapping[str, Any]]) -> dict[str, Any]:
-    """One report from several slices' reports: counts summed, wall time the longest, means weighted."""
+# Throughputs recomputed over the whole job's wall time: key -> the counts it divides.
+_RATES = {
+    "items_per_s": ("items", "errors"),
+    "generated_tokens_per_s": ("generated_tokens",),
+    "total_tokens_per_s": ("prompt_tokens", "generated_tokens"),
+}
+
+
+def merge_reports(reports: list[Mapping[str, Any]], wall_s: float | None = None) -> dict[str, Any]:
+    """One report from several slices' reports: counts summed, wall time the longest, means weighted.
+
+    With `wall_s` (the whole job's processing time, as the Ray driver measures it) the wall time and
+    throughputs are the job's own, not sums of the slices' rates (slices may have run one after another).
+    """
     if not reports:
         return {}
+    merged = _merge_keys(reports)
+    if wall_s is not None:
+        merged["wall_time_s"] = round(wall_s, 3)
+        for key, counts in _RATES.items():
+            merged[key] = round(sum(merged.get(c) or 0 for c in counts) / max(wall_s, 1e-9), 3)
+    return merged
+
+
+def _merge_keys(reports: list[Mapping[str, Any]]) -> dict[str, Any]:
     weights = [float(r.get("items", 0) or 0) for r in reports]
     merged: dict[str, Any] = {}
     for key in dict.fromkeys(k for r in reports for k in r):

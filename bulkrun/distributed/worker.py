@@ -7,6 +7,7 @@ attempt (a replacement, or another worker) redoes.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import socket
@@ -22,7 +23,7 @@ class SliceWorker:
     """Wrapped with ray.remote by the runner (one GPU or some CPUs each)."""
 
     def __init__(self, spec: Any, board: Any, runner: str = DEFAULT_RUNNER) -> None:
-        self._spec = spec
+        self._spec = _quiet(spec)
         self._board = board
         self._engine: Any = None
         self._failed: Exception | None = None
@@ -44,6 +45,13 @@ class SliceWorker:
             return self._runner.run_slice(self._spec, partition, self._engine, on_progress=reporter)
         finally:
             reporter.flush()
+
+
+def _quiet(spec: Any) -> Any:
+    """The driver shows the one bar; a worker's own bar would only clutter the driver's terminal."""
+    if dataclasses.is_dataclass(spec) and any(f.name == "quiet" for f in dataclasses.fields(spec)):
+        return dataclasses.replace(spec, quiet=True)
+    return spec
 
 
 def _device(engine: Any) -> str:

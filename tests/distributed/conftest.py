@@ -1,19 +1,26 @@
-"""One local Ray cluster (2 CPUs) per test module: Ray start-up is slow on a small machine."""
+"""Fixtures for the distributed tests: one local Ray cluster (2 CPUs) for the whole session, since Ray
+start-up is slow on a small machine; a tiny model, an input and its single-process results."""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from dist_helpers import make_tiny_model, read_results, write_rows  # noqa: E402
+
+ROWS = 60
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ray_cluster():
-    """A local 2-CPU Ray cluster; workers can import this folder's helper modules (fake runner)."""
+    """A local 2-CPU Ray cluster; its workers can import this folder's modules (the fake runner)."""
     ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'bulkrun[ray]'")
     if ray.is_initialized():
         ray.shutdown()
@@ -41,3 +48,28 @@ def make_rows(tmp_path):
         return str(path)
 
     return build
+
+
+@pytest.fixture(scope="session")
+def tiny_job(tmp_path_factory):
+    """(input path, the job's options as CLI arguments) for a real-engine job on a tiny model."""
+    folder = tmp_path_factory.mktemp("dist-job")
+    model = make_tiny_model(folder / "model")
+    source = write_rows(folder / "input.jsonl", ROWS)
+    # Small checkpoints: a slice commits several shards, so a kill can land between two of them.
+    args = ["--model", str(model), "--id-field", "id", "--max-tokens", "12", "--no-chat-template",
+            "--checkpoint-every", "5", "--quiet"]  # fmt: skip
+    return str(source), args
+
+
+@pytest.fixture(scope="session")
+def reference_results(tiny_job, tmp_path_factory):
+    """The job's results from one plain single-process run."""
+    from bulkrun.cli import main
+
+    source, args = tiny_job
+    out = tmp_path_factory.mktemp("dist-reference") / "out"
+    assert main(["generate", source, "--out", str(out), *args]) == 0
+    results = read_results(out)
+    assert [r["row"] for r in results] == list(range(ROWS))
+    return results
