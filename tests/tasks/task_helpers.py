@@ -3,6 +3,8 @@ scorer for continuation log-probabilities."""
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 
@@ -22,14 +24,21 @@ def chat_prompt_ids(tokenizer, text: str) -> list[int]:
 
 @torch.no_grad()
 def hf_continuation_logprobs(model, prompt_ids, continuations) -> list[list[float]]:
-    """Per continuation, the log-probability of each of its tokens, one full forward pass each."""
+    """Per continuation, the log-probability of each of its tokens: the prompt through transformers
+    once, then each continuation on a copy of transformers' own KV cache of the prompt."""
+    out = model(torch.tensor([list(prompt_ids)]), use_cache=True)
+    first = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
     result = []
     for cont in continuations:
-        ids = torch.tensor([list(prompt_ids) + list(cont)])
-        logits = model(ids).logits[0].float()
-        logprobs = torch.log_softmax(logits, dim=-1)
-        start = len(prompt_ids)
-        result.append([logprobs[start - 1 + i, tok].item() for i, tok in enumerate(cont)])
+        lps = [first[cont[0]].item()]
+        if len(cont) > 1:
+            # transformers 5 calls it `cache`, 4.x `past_key_values`
+            key = "cache" if "cache" in out else "past_key_values"
+            cache = {key: copy.deepcopy(out[key])}
+            logits = model(torch.tensor([list(cont[:-1])]), **cache).logits[0].float()
+            logprobs = torch.log_softmax(logits, dim=-1)
+            lps += [logprobs[i, tok].item() for i, tok in enumerate(cont[1:])]
+        result.append(lps)
     return result
 
 
