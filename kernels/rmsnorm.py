@@ -1,7 +1,8 @@
 """RMSNorm with the residual add fused in: one read of x and residual, one write of each result.
 
 new_residual = x + residual (rounded to x's dtype, as an unfused model would hold it);
-out = rmsnorm(new_residual) * weight, the norm computed in fp32. One program per token row.
+out = rmsnorm(new_residual) * weight, the norm computed in fp32. Each program normalises a few rows
+(enough to fill ~4096 elements), so short rows such as per-head q/k norms do not waste programs.
 """
 
 from __future__ import annotations
@@ -28,28 +29,30 @@ def _rms_norm_kernel(
     residual_ptr,
     weight_ptr,
     eps,
+    num_rows,
     hidden,
     stride_x,
     stride_r,
     stride_o,
     stride_ro,
     HAS_RESIDUAL: tl.constexpr,
+    ROWS: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_H)
-    mask = cols < hidden
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None]
+    cols = tl.arange(0, BLOCK_H)[None, :]
+    mask = (rows < num_rows) & (cols < hidden)
+    x = tl.load(x_ptr + rows * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
-        r = tl.load(residual_ptr + row * stride_r + cols, mask=mask, other=0.0)
+        r = tl.load(residual_ptr + rows * stride_r + cols, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
-        tl.store(residual_out_ptr + row * stride_ro + cols, x, mask=mask)
+        tl.store(residual_out_ptr + rows * stride_ro + cols, x, mask=mask)
     xf = x.to(tl.float32)
-    inv_rms = tl.rsqrt(tl.sum(xf * xf, axis=0) / hidden + eps)
+    inv_rms = tl.rsqrt(tl.sum(xf * xf, axis=1) / hidden + eps)[:, None]
     normed = (xf * inv_rms).to(x_ptr.dtype.element_ty)  # round like the unfused model does
-    w = tl.load(weight_ptr + cols, mask=mask, other=0.0)
+    w = tl.load(weight_ptr + cols, mask=cols < hidden, other=0.0)
     out = normed.to(tl.float32) * w.to(tl.float32)
-    tl.store(out_ptr + row * stride_o + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + rows * stride_o + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _check_args(x, weight, residual, out, residual_out) -> None:
@@ -98,12 +101,14 @@ def rms_norm(
     if num_tokens == 0:
         return out, new_residual
     block_h = triton.next_power_of_2(hidden)
-    _rms_norm_kernel[(num_tokens,)](
-        out, new_residual, x, x if residual is None else residual, weight, eps, hidden,
+    rows = max(1, min(64, 4096 // block_h))  # short rows (per-head q/k norms) share a program
+    _rms_norm_kernel[(triton.cdiv(num_tokens, rows),)](
+        out, new_residual, x, x if residual is None else residual, weight, eps, num_tokens, hidden,
         x.stride(0), new_residual.stride(0) if residual is None else residual.stride(0),
         out.stride(0), new_residual.stride(0),
         HAS_RESIDUAL=residual is not None,
+        ROWS=rows,
         BLOCK_H=block_h,
-        num_warps=min(16, max(1, block_h // 256)),
+        num_warps=min(16, max(1, rows * block_h // 256)),
     )  # fmt: skip
     return out, new_residual

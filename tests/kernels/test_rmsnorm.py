@@ -43,6 +43,16 @@ def test_matches_reference(hidden, dtype, tol, with_residual, ref_name, device):
         assert got_res is x  # no residual: the new residual is x itself
 
 
+@pytest.mark.parametrize("ref_name", REF_NAMES)
+def test_many_short_rows(ref_name, device):
+    # Per-head q/k norms: 150 rows of 32 share programs (64 rows each, the last one partial).
+    x, residual, weight = inputs(150, 32, torch.float32, device, seed=2)
+    out = torch.full_like(x, NAN)
+    got, _ = rms_norm(x, weight, 1e-6, out=out)
+    want, _ = get_ref(ref_name).rms_norm(x.cpu(), weight.cpu(), 1e-6)
+    torch.testing.assert_close(got.cpu(), want, atol=1e-5, rtol=1e-5)
+
+
 def test_residual_out_may_alias_residual(device):
     x, residual, weight = inputs(5, 32, torch.float32, device, seed=1)
     expected_res = x + residual
