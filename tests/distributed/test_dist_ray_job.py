@@ -102,3 +102,16 @@ def test_rerun_after_the_driver_is_killed_resumes(ray_cluster, tiny_job, referen
     assert read_results(out) == reference_results
     report = json.loads((out / "report.json").read_text())
     assert report["items"] <= len(reference_results) - before  # only what was left was redone
+
+
+def test_workers_write_into_one_uri_output(ray_cluster, tiny_job, reference_results, tmp_path):
+    """--out as a URI (file:// goes through pyarrow's filesystem layer exactly as s3:// would)."""
+    source, args = tiny_job
+    remote = tmp_path / "remote"
+    assert main(["generate", source, "--out", remote.as_uri(), *args, "--ray", "--workers", "2"]) == 0
+    assert read_results(remote) == reference_results
+    tags = {p.name.split("-")[1] for p in shard_paths(remote / RESULTS_DIR)}
+    assert tags <= {"s0of2", "s1of2"} and tags
+    assert duplicated_rows(remote) == []
+    assert json.loads((remote / "report.json").read_text())["out"] == remote.as_uri()
+    assert not (remote / "lock").exists()

@@ -1,0 +1,110 @@
+"""Jobs whose --out is a URI (s3://bucket/run, gs://..., file:///...): run, export and status.
+
+Each entry point runs the ordinary job-layer function on a private local mirror (see remote_out.py)
+and reports the URI as the job's `out`. The Ray driver and workers use `driver_session_at_uri` and
+`run_slice_at_uri` the same way (bulkrun.distributed.joblayer picks them for URI outputs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from bulkrun.distributed.partition import Partition, parse_shard
+from bulkrun.distributed.remote_out import MANIFEST, RemoteMirror, staged, uri_out
+
+
+def _final_files() -> tuple[str, ...]:
+    from bulkrun.job.layout import FINAL_FILES
+
+    return tuple(name for name in FINAL_FILES if name != MANIFEST)
+
+
+def _restart_wipe() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    from bulkrun.job.layout import FINAL_FILES, JOB_DIRS
+
+    return tuple(FINAL_FILES), tuple(JOB_DIRS)
+
+
+def _local(spec: Any, mirror: RemoteMirror) -> Any:
+    return dataclasses.replace(spec, out=str(mirror.local))
+
+
+def _publish(mirror: RemoteMirror, report: dict) -> dict:
+    """Name the URI as the job's out in report.json and upload the final files."""
+    from bulkrun.job.report import write_report
+
+    report = dict(report, out=mirror.uri)
+    if (mirror.local / "report.json").exists():
+        write_report(mirror.local, report)
+    mirror.push_files(list(_final_files()))
+    return report
+
+
+def run_job_at_uri(spec: Any) -> dict:
+    """A single-process run or one --shard slice, writing to a URI."""
+    from bulkrun.job.runner import run_job
+
+    partition = parse_shard(spec.shard) if spec.shard else None
+    writer = "part" if partition is None else partition.tag
+    wipe = _restart_wipe() if spec.restart and partition is None else None
+    with staged(uri_out(spec), writer=writer, lock=True, wipe=wipe) as mirror:
+        report = run_job(_local(spec, mirror))
+        mirror.push()
+        return _publish(mirror, report) if partition is None else dict(report, out=mirror.uri)
+
+
+def run_slice_at_uri(spec: Any, partition: Partition, run: Callable[[Any], dict]) -> dict:
+    """A Ray worker's slice: `run(local_spec)` on a mirror; the driver holds the lock."""
+    with staged(uri_out(spec), writer=partition.tag, lock=False) as mirror:
+        return dict(run(_local(spec, mirror)), out=mirror.uri)
+
+
+class _UriSession:
+    """The Ray driver's session on a mirror: finalize pulls every worker's shards first."""
+
+    def __init__(self, session: Any, mirror: RemoteMirror):
+        self._session = session
+        self._mirror = mirror
+
+    @property
+    def total_rows(self) -> int | None:
+        return self._session.total_rows
+
+    def finalize(self, report: dict) -> dict:
+        self._mirror.pull()
+        return _publish(self._mirror, self._session.finalize(report))
+
+
+@contextmanager
+def driver_session_at_uri(spec: Any) -> Iterator[_UriSession]:
+    from bulkrun.job.runner import job_session
+
+    wipe = _restart_wipe() if spec.restart else None
+    with staged(uri_out(spec), writer="part", lock=True, wipe=wipe) as mirror:
+        with job_session(_local(spec, mirror)) as session:
+            mirror.push_files([MANIFEST])  # workers check their job against it when they start
+            yield _UriSession(session, mirror)
+
+
+def export_at_uri(out: str, fmt: str | None = None, force: bool = False) -> dict:
+    """`bulkrun export s3://...`: merge on a mirror, upload the final files."""
+    from pathlib import Path
+
+    from bulkrun.job.export import export_job
+
+    with staged(out, writer="export", lock=False) as mirror:
+        report = export_job(Path(mirror.local), fmt, force)
+        return _publish(mirror, report)
+
+
+def status_at_uri(out: str) -> dict:
+    """`bulkrun status s3://...` from a mirror of the committed shards (live runs: see the lock files)."""
+    from pathlib import Path
+
+    from bulkrun.job.status import job_status
+
+    with staged(out, writer="status", lock=False, every_s=3600) as mirror:
+        return dict(job_status(Path(mirror.local)), out=out)
