@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from bulkrun.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_ROW_ERRORS
+from bulkrun.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_ROW_ERRORS, UsageError
 from bulkrun.job.spec import JobSpec, build_spec
 
 
@@ -21,8 +21,11 @@ def run_task_command(
 
 def execute(spec: JobSpec) -> int:
     from bulkrun.distributed.cli_options import check_exec_options
+    from bulkrun.tasks.sweep import is_sweep
 
     check_exec_options(spec.ray, spec.workers, spec.shard)
+    if spec.task == "eval" and is_sweep(spec.task_options):
+        return _sweep(spec)
     if spec.ray is not None:
         from bulkrun.distributed.ray_runner import run_on_ray
 
@@ -46,3 +49,27 @@ def exit_code(report: dict, sliced: bool = False) -> int:
     if not report.get("complete", False):
         return EXIT_INCOMPLETE
     return EXIT_ROW_ERRORS if report.get("errors_total") else EXIT_OK
+
+
+def _sweep(spec: JobSpec) -> int:
+    """An eval sweep: one ordinary (resumable) job per combination, then a comparison table."""
+    from bulkrun.job.runner import build_engine, run_job
+    from bulkrun.tasks.sweep import SweepError, markdown_table, run_sweep
+
+    if spec.ray is not None or spec.shard is not None:
+        raise UsageError("an eval sweep runs its combinations one after another here; drop --ray/--shard")
+    has_labels = bool(spec.task_options.get("labels") or spec.task_options.get("labels_file"))
+    codes = []
+
+    def run_one(child: JobSpec, engine=None) -> dict:
+        report = run_job(child, engine=engine)
+        codes.append(exit_code(report))
+        return report
+
+    try:
+        rows = run_sweep(spec, run_one, build_engine=build_engine, has_labels=has_labels)
+    except SweepError as exc:
+        raise UsageError(str(exc)) from None
+    if not spec.quiet:
+        print(markdown_table(rows), file=sys.stderr, end="")
+    return max(codes, default=EXIT_OK)

@@ -153,6 +153,8 @@ def build_spec(layers: list[tuple[str, dict]]) -> JobSpec:
         spec_values.setdefault(key, value)
     spec = JobSpec(**spec_values, task_options=task_values)
     validate(spec)
+    if spec.out is None:
+        spec.out = str(Path("runs") / f"{spec.task}-{Path(spec.input).stem}")
     return spec
 
 
