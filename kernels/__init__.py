@@ -29,14 +29,6 @@ class KernelOps:
     silu_and_mul: Callable
 
 
-def _torch_silu_and_mul(x):
-    # Fallback until the reference module carries its own silu_and_mul.
-    import torch.nn.functional as F
-
-    gate, up = x.chunk(2, dim=-1)
-    return F.silu(gate) * up
-
-
 def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
@@ -64,7 +56,7 @@ def get_ops(backend: str = "auto", device=None) -> KernelOps:
             write_kv=reference.write_kv,
             rms_norm=reference.rms_norm,
             rotary=reference.rotary,
-            silu_and_mul=getattr(reference, "silu_and_mul", _torch_silu_and_mul),
+            silu_and_mul=reference.silu_and_mul,
         )
     return _triton_ops(device)
 
