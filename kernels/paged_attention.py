@@ -44,7 +44,7 @@ def _find_seq_idx(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q: tl.conste
     return lo - 1
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs"])  # batch size varies every step: one compile, not many
 def _paged_attention_kernel(
     out_ptr,
     q_ptr,
