@@ -213,7 +213,8 @@ def run_transformers(model_dir: Path, prompts: list[list[int]], args) -> Result:
     for out in outs:
         if getattr(out, "error", None) or len(out.generated_tokens) != args.output_len:
             fail(
-                f"generate_batch {out.request_id}: {len(out.generated_tokens)} tokens, error={out.error!r}",
+                f"generate_batch {out.request_id}: {len(out.generated_tokens)} tokens, "
+                f"error={getattr(out, 'error', None)!r}",
                 code=3,
             )
     # generate_batch warms itself up inside every call; requests are created after that warm-up,
