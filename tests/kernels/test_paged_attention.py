@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 import torch
 from kernel_refs import REF_NAMES, get_ref
@@ -72,7 +74,7 @@ CASES = {
 def test_matches_reference(case, ref_name, device):
     query_lens, context_lens, (hq, hkv), head_dim, block_size = CASES[case]
     batch = make_batch(query_lens, context_lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=head_dim,
-                       block_size=block_size, num_blocks=64, seed=hash(case) % 1000, device=device)  # fmt: skip
+                       block_size=block_size, num_blocks=64, seed=zlib.crc32(case.encode()), device=device)  # fmt: skip
     run_and_compare(batch, get_ref(ref_name), atol=2e-5)
 
 
