@@ -9,7 +9,9 @@ directory's lock, merges the shards in input order and writes one report, exactl
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import os
 import re
 import sys
 import time
@@ -21,7 +23,7 @@ from typing import Any
 from bulkrun.distributed.cli_options import ray_address
 from bulkrun.distributed.partition import Partition, all_partitions
 from bulkrun.distributed.progress import ProgressBoard
-from bulkrun.distributed.ray_connect import Cluster, connect
+from bulkrun.distributed.ray_connect import Cluster, connect, import_ray
 from bulkrun.distributed.slices import merge_reports
 from bulkrun.distributed.worker import DEFAULT_RUNNER, SliceWorker
 from bulkrun.errors import BulkrunError
@@ -67,10 +69,12 @@ def run_on_ray(
     `runner` names the module with build_engine / run_slice / driver_session (the job layer's door).
     `on_tick` is called with the DriverState about four times a second.
     """
+    import_ray()  # before any work: without Ray, say how to install it
+    spec = _absolute_paths(spec)  # workers may run in another directory, or on another machine
     workers_wanted = getattr(spec, "workers", None)
-    cluster = connect(ray_address(getattr(spec, "ray", None)), workers_wanted)
-    try:
-        with importlib.import_module(runner).driver_session(spec) as session:
+    with importlib.import_module(runner).driver_session(spec) as session:  # a changed job stops here
+        cluster = connect(ray_address(getattr(spec, "ray", None)), workers_wanted)
+        try:
             started = time.time()
             n_workers = _worker_count(cluster, workers_wanted)
             driver = _Driver(spec, cluster, n_workers, on_tick, session.total_rows, runner)
@@ -80,12 +84,43 @@ def run_on_ray(
                 job_wall_s=round(time.time() - started, 3),  # with Ray start-up and model loading
                 workers=n_workers,
                 worker_restarts=driver.state.deaths,
-                ray_address=cluster.ray.get_runtime_context().gcs_address,
+                ray_address=_address(cluster),
             )
-            return session.finalize(report)
-    finally:
-        if cluster.started_here:
-            cluster.ray.shutdown()
+        finally:
+            if cluster.started_here:
+                cluster.ray.shutdown()
+        report = session.finalize(report)
+    if report.get("complete") is False:
+        print(
+            f"bulkrun: every slice finished, yet {report.get('remaining')} rows are missing from "
+            f"{report.get('out')}: the workers do not write where the driver reads. Use a directory "
+            "shared by all nodes, or a URI (s3://...) for --out.",
+            file=sys.stderr,
+        )
+    return report
+
+
+def _absolute_paths(spec: Any) -> Any:
+    """Local paths (input, out, a model folder) made absolute; URIs and model aliases left alone."""
+    if not dataclasses.is_dataclass(spec):
+        return spec
+    changes = {}
+    if getattr(spec, "out", "") is None:  # the job layer's default (runs/<task>-<input>), from here
+        from bulkrun.job.setup import out_dir
+
+        changes["out"] = str(out_dir(spec))
+    for name in ("input", "out", "model"):
+        value = changes.get(name, getattr(spec, name, None))
+        if isinstance(value, str) and "://" not in value and (name == "out" or os.path.exists(value)):
+            changes[name] = os.path.abspath(value)
+    return dataclasses.replace(spec, **changes) if changes else spec
+
+
+def _address(cluster: Cluster) -> str | None:
+    try:
+        return cluster.ray.get_runtime_context().gcs_address
+    except Exception:  # Ray Client (ray://) has no local runtime context
+        return None
 
 
 def _worker_count(cluster: Cluster, wanted: int | None) -> int:
