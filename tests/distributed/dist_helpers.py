@@ -56,3 +56,21 @@ def committed_rows(out: Path) -> list[int]:
 
 def duplicated_rows(out: Path) -> list[int]:
     return sorted(row for row, times in Counter(committed_rows(out)).items() if times > 1)
+
+
+def spec_values(source: str, args: list[str], out: str, **extra) -> dict:
+    """The tiny job's CLI arguments (`--flag value` pairs and bare flags) as job-spec values."""
+    values: dict = {"task": "generate", "input": source, "out": out}
+    rest = list(args)
+    while rest:
+        flag = rest.pop(0).removeprefix("--")
+        if flag.startswith("no-"):
+            values[flag[3:].replace("-", "_")] = False
+        elif not rest or rest[0].startswith("--"):
+            values[flag.replace("-", "_")] = True
+        else:
+            value = rest.pop(0)
+            values[flag.replace("-", "_")] = (
+                int(value) if value.isdigit() and flag != "checkpoint-every" else value
+            )
+    return values | extra

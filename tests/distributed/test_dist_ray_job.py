@@ -5,6 +5,7 @@ killed resumes and finishes with the same results."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from dist_helpers import committed_rows, duplicated_rows, read_results
+from dist_helpers import committed_rows, duplicated_rows, read_results, spec_values
 
 from bulkrun.cli import main
 from bulkrun.distributed.partition import Partition
@@ -42,12 +43,9 @@ def test_a_worker_killed_mid_slice_loses_nothing(ray_cluster, tiny_job, referenc
 
     source, args = tiny_job
     out = tmp_path / "out"
-    values = dict(zip(args[::2], args[1::2], strict=False))
-    spec = build_spec([("test", {
-        "task": "generate", "input": source, "out": str(out), "model": values["--model"], "id_field": "id",
-        "max_tokens": 12, "chat_template": False, "checkpoint_every": "5", "quiet": True,
-        "max_seqs": 1, "ray": "default", "workers": 2,  # one sequence at a time: slow enough to kill
-    })])  # fmt: skip
+    # One sequence at a time: items finish (and shards commit) one by one, not all in one step.
+    values = spec_values(source, args, str(out), ray="default", workers=2, max_seqs=1)
+    spec = build_spec([("test", values)])
     killed: list[Partition] = []
 
     def kill_after_a_commit(state):
@@ -58,7 +56,7 @@ def test_a_worker_killed_mid_slice_loses_nothing(ray_cluster, tiny_job, referenc
         killed.append(victims[0].partition)
         ray_cluster.kill(victims[0].handle)
 
-    report = run_on_ray(spec, on_tick=kill_after_a_commit)
+    report = run_on_ray(spec, runner="slow_joblayer", on_tick=kill_after_a_commit)
     assert killed, "the job ended before a worker could be killed"
     assert report["worker_restarts"] == 1
     assert read_results(out) == reference_results
@@ -69,21 +67,17 @@ def test_rerun_after_the_driver_is_killed_resumes(ray_cluster, tiny_job, referen
     source, args = tiny_job
     out = tmp_path / "out"
     address = ray_cluster.get_runtime_context().gcs_address
-    command = [
-        "generate",
-        source,
-        "--out",
-        str(out),
-        *args,
-        "--max-seqs",
-        "1",
-        "--ray",
-        address,
-        "--workers",
-        "2",
-    ]
+    values = spec_values(source, args, str(out), ray=address, workers=2, max_seqs=1)
+    here = str(Path(__file__).parent)
+    script = (  # a driver in its own process, joined to the test's cluster, with slowed workers
+        "import json, sys, ray; from bulkrun.job.spec import build_spec;"
+        "from bulkrun.distributed.ray_runner import run_on_ray;"
+        f"ray.init(address={values['ray']!r}, runtime_env={{'env_vars': {{'PYTHONPATH': {here!r}}}}});"
+        f"run_on_ray(build_spec([('test', json.loads(sys.argv[1]))]), runner='slow_joblayer')"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
     driver = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from bulkrun.cli import main; sys.exit(main(sys.argv[1:]))", *command],
+        [sys.executable, "-c", script, json.dumps(values)], env=env,
         stdout=subprocess.DEVNULL, stderr=open(tmp_path / "driver.log", "w"),
     )  # fmt: skip
     try:

@@ -9,7 +9,7 @@ import os
 import time
 
 import pytest
-from dist_helpers import read_results
+from dist_helpers import read_results, spec_values
 
 from bulkrun.distributed.remote_out import LOCK_STALE_S, RemoteLock, RemoteMirror, staged
 from bulkrun.errors import EXIT_INCOMPLETE, LockHeld
@@ -77,14 +77,10 @@ def test_shard_slices_on_a_file_uri_equal_a_local_run(tiny_job, reference_result
     from bulkrun.job.spec import build_spec
 
     source, args = tiny_job
-    values = dict(zip(args[::2], args[1::2], strict=False))
     remote = tmp_path / "remote"
 
     def spec_for(shard):
-        return build_spec([("test", {
-            "task": "generate", "input": source, "out": remote.as_uri(), "model": values["--model"],
-            "id_field": "id", "max_tokens": 12, "chat_template": False, "quiet": True, "shard": shard,
-        })])  # fmt: skip
+        return build_spec([("test", spec_values(source, args, remote.as_uri(), shard=shard))])
 
     run_job_at_uri(spec_for("0/2"))
     with pytest.raises(Incomplete, match="1/2") as info:
