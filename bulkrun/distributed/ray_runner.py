@@ -212,6 +212,9 @@ class _Driver:
             slot.partition = None
         else:
             slot.info = result
+            self._say(
+                f"worker {slot.number} ready on {result['host']} ({result['device']}, pid {result['pid']})"
+            )
         self.idle.append(slot)
 
     def _worker_died(self, slot: WorkerSlot, exc: Exception) -> None:
@@ -223,11 +226,12 @@ class _Driver:
             self.ray.get(self.board.drop.remote(slot.attempt))  # its replacement re-reports
         if self.state.deaths > self.restart_budget:
             raise WorkersKeepDying(f"{self.state.deaths} workers died; the last: {_summary(exc)}")
-        print(
-            f"bulkrun: worker {slot.number} died ({_summary(exc)}); starting a replacement",
-            file=sys.stderr,
-        )
+        self._say(f"worker {slot.number} died ({_summary(exc)}); starting a replacement")
         self._start_worker()
+
+    def _say(self, line: str) -> None:
+        if not getattr(self.spec, "quiet", False):
+            self.bar.write(f"bulkrun: {line}", file=sys.stderr)
 
     def _tick(self) -> None:
         items, tokens = self.ray.get(self.board.totals.remote())

@@ -55,10 +55,6 @@ def _quiet(spec: Any) -> Any:
 
 
 def _device(engine: Any) -> str:
-    for name in ("device", "config"):
-        value = getattr(engine, name, None)
-        if name == "config":
-            value = getattr(value, "device", None)
-        if value is not None:
-            return str(value)
-    return "unknown"
+    """The engine's device ("cuda:0" on a GPU worker, "cpu"), for the driver's view of its workers."""
+    device = getattr(getattr(engine, "runner", None), "device", None)
+    return str(device) if device is not None else "unknown"
