@@ -134,7 +134,9 @@ def main() -> None:
     task = ClassifyTask(LabelSet(labels))
     task.bind(TaskContext(tokenizer=tokenizer, max_model_len=base.max_model_len, sampling=SamplingParams()))
     prompts = [chat_ids(tokenizer, task.render(Item(i, r["id"], r))) for i, r in enumerate(rows)]
-    longest_label = max(len(c) for c in task.continuations(prompts[0]))
+    # Generate-and-parse gets the same prompts, the answer begun the same way (`Label:`).
+    gen_prompts = [task.answer_start(p) for p in prompts]
+    longest_label = max(len(c) for c in task.continuations(gen_prompts[0]))
     max_new = args.max_new or longest_label + 2  # the label, the end-of-turn token, one spare
     n = len(prompts)
 
@@ -143,7 +145,7 @@ def main() -> None:
     for name, cache in (("scoring", True), ("scoring_nocache", False)):
         secs, (pred, totals) = timed(lambda c=cache: bulkrun_scoring(base, task, prompts, c), args.repeats)
         figures[name] = (n / secs, accuracy(pred, expected), totals)
-    secs, (pred, totals) = timed(lambda: bulkrun_generate(base, prompts, labels, max_new), args.repeats)
+    secs, (pred, totals) = timed(lambda: bulkrun_generate(base, gen_prompts, labels, max_new), args.repeats)
     figures["generate"] = (n / secs, accuracy(pred, expected), totals)
     unparsed = sum(p is None for p in pred)
 
@@ -151,9 +153,9 @@ def main() -> None:
 
     hf = AutoModelForCausalLM.from_pretrained(resolve_model(None), dtype=torch.float32).eval()
     k = min(args.hf_batch1_items, n)
-    secs, pred = timed(lambda: hf_generate(hf, tokenizer, prompts[:k], labels, max_new, 1), 1)
+    secs, pred = timed(lambda: hf_generate(hf, tokenizer, gen_prompts[:k], labels, max_new, 1), 1)
     figures["hf_batch1"] = (k / secs, accuracy(pred, expected[:k]), None)
-    secs, pred = timed(lambda: hf_generate(hf, tokenizer, prompts, labels, max_new, args.hf_batch), 1)
+    secs, pred = timed(lambda: hf_generate(hf, tokenizer, gen_prompts, labels, max_new, args.hf_batch), 1)
     figures["hf_padded"] = (n / secs, accuracy(pred, expected), None)
     report(figures, n, k, args, max_new, unparsed, prompts, task)
 

@@ -16,8 +16,9 @@ from collections.abc import Mapping, Sequence
 from bulkrun.engine.outputs import RequestOutput
 from bulkrun.engine.params import EngineRequest, SamplingParams
 from bulkrun.tasks.base import Item, RowError, Task, TaskContext, prompt_text
-from bulkrun.tasks.continuations import ContinuationTokenizer
+from bulkrun.tasks.continuations import ContinuationTokenizer, on_new_line
 from bulkrun.tasks.labels import LabelError, LabelSet, label_set_from_options
+from bulkrun.tasks.metrics import metrics_lines
 
 DEFAULT_INSTRUCTION = "Classify the text into exactly one of the labels below. Answer with the label only."
 NORMALIZE_MODES = ("sum", "mean")
@@ -64,6 +65,7 @@ class ClassifyTask(Task):
         "instruction": None,
         "examples": None,
         "normalize": "sum",
+        "answer_prefix": "Label:",
     }
 
     def __init__(
@@ -73,13 +75,16 @@ class ClassifyTask(Task):
         instruction: str | None = None,
         examples: Sequence[Mapping] = (),
         normalize: str = "sum",
+        answer_prefix: str = "Label:",
     ):
         if normalize not in NORMALIZE_MODES:
             raise ValueError(f"normalize must be one of {', '.join(NORMALIZE_MODES)}, got {normalize!r}")
         self.labels = labels
         self.normalize = normalize
         self.instruction = build_instruction(labels, instruction, examples)
+        self.answer_prefix = answer_prefix.strip()
         self.continuations: ContinuationTokenizer | None = None
+        self.prefix: ContinuationTokenizer | None = None
 
     @classmethod
     def from_options(cls, options: dict) -> ClassifyTask:
@@ -88,17 +93,21 @@ class ClassifyTask(Task):
             instruction=options.get("instruction"),
             examples=options.get("examples") or (),
             normalize=options.get("normalize") or "sum",
+            answer_prefix=_or_default(options.get("answer_prefix", None), "Label:"),
         )
 
     def bind(self, ctx: TaskContext) -> None:
         super().bind(ctx)
         self.continuations = ContinuationTokenizer(ctx.tokenizer, self.labels.names)
+        if self.answer_prefix:
+            self.prefix = ContinuationTokenizer(ctx.tokenizer, (self.answer_prefix,), join=on_new_line)
 
     def render(self, item: Item) -> str:
         text = prompt_text(item.fields, self.ctx.prompt_template, self.ctx.text_field)
-        return f"{self.instruction}\n\nText: {text}\nLabel:"
+        return f"{self.instruction}\n\nText: {text}"
 
     def requests(self, item: Item, prompt_ids: list[int]) -> list[EngineRequest]:
+        prompt_ids = self.answer_start(prompt_ids)
         continuations = self.continuations(prompt_ids)
         longest = len(prompt_ids) + max(len(c) for c in continuations)
         if longest > self.ctx.max_model_len:
@@ -109,6 +118,15 @@ class ClassifyTask(Task):
             )
         params = SamplingParams(max_tokens=0)
         return [EngineRequest("score", prompt_ids, params, continuations=continuations)]
+
+    def answer_start(self, prompt_ids: list[int]) -> list[int]:
+        """The prompt with the answer begun (`Label:`, after the chat template's assistant header):
+        each label then follows as ` label`, its ordinary in-text tokens. Right after the header a
+        label would be tokenized as at the start of a text (`billing` -> `b` `illing`), whose
+        first piece carries the probability of every word starting with it."""
+        if self.prefix is None:
+            return list(prompt_ids)
+        return list(prompt_ids) + self.prefix(prompt_ids)[0]
 
     def result(self, item: Item, outputs: list[RequestOutput]) -> dict:
         return self.label_columns(outputs[0])
@@ -131,12 +149,14 @@ class ClassifyTask(Task):
         total = float(sum(logprobs))
         return total / len(logprobs) if self.normalize == "mean" else total
 
-    def summarize(self, results: list[dict]) -> dict | None:
+    def summarize(self, results) -> dict | None:
+        """One pass over the result records (a list or a stream)."""
         counts = Counter(r["label"] for r in results if r.get("label") is not None)
         summary = {"kind": "classify", "items": sum(counts.values())}
         summary["label_counts"] = {name: counts.get(name, 0) for name in self.labels}
-        if self.continuations is not None and self.continuations.fallbacks:
-            summary["label_tokenization_fallbacks"] = self.continuations.fallbacks
+        fallbacks = sum(t.fallbacks for t in (self.continuations, self.prefix) if t is not None)
+        if fallbacks:
+            summary["label_tokenization_fallbacks"] = fallbacks
         return summary
 
     def metrics_need_results(self) -> bool:
@@ -144,11 +164,8 @@ class ClassifyTask(Task):
 
     @staticmethod
     def summary_lines(summary: Mapping) -> list[str]:
-        counts = summary.get("label_counts") or {}
-        lines = ["labels: " + ", ".join(f"{name} {count}" for name, count in counts.items())]
-        if summary.get("label_tokenization_fallbacks"):
-            lines.append(
-                f"note: {summary['label_tokenization_fallbacks']} prompts merged with a label at the "
-                "boundary; their labels were tokenized on their own"
-            )
-        return lines
+        return metrics_lines(summary)
+
+
+def _or_default(value, default):
+    return default if value is None else value

@@ -12,6 +12,7 @@ tokenized on its own and the fallback is counted.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 TAIL_LENGTHS = (4, 8, 16, 32)  # tails tried, shortest first: a tail starting mid-word may not verify
@@ -26,16 +27,24 @@ def label_text(prompt_tail_text: str, label: str) -> str:
     return label
 
 
+def on_new_line(prompt_tail_text: str, text: str) -> str:
+    """`text` at the start of a line: a line break first unless the prompt ends in whitespace."""
+    if prompt_tail_text and not prompt_tail_text[-1].isspace():
+        return "\n" + text
+    return text
+
+
 @dataclass
 class ContinuationTokenizer:
     tokenizer: object
-    labels: tuple[str, ...]
+    texts: tuple[str, ...]  # the labels (or any texts to follow the prompt)
+    join: Callable[[str, str], str] = label_text  # (prompt tail text, text) -> what follows
     fallbacks: int = 0  # items whose labels had to be tokenized separately
     # tail ids -> (continuations, exact)
     _cache: OrderedDict = field(default_factory=OrderedDict)
 
     def __call__(self, prompt_ids: list[int]) -> list[list[int]]:
-        """One id list per label, for a prompt of these ids."""
+        """One id list per text, for a prompt of these ids."""
         found = None
         for length in TAIL_LENGTHS:
             tail = tuple(prompt_ids[-length:])
@@ -59,7 +68,7 @@ class ContinuationTokenizer:
         tail_text = self._decode(tail_ids)
         if self._encode(tail_text) != tail_ids:
             return None
-        joint = [self._encode(tail_text + label_text(tail_text, label)) for label in self.labels]
+        joint = [self._encode(tail_text + self.join(tail_text, label)) for label in self.texts]
         n = len(tail_ids)
         if all(ids[:n] == tail_ids and len(ids) > n for ids in joint):
             return [ids[n:] for ids in joint], True
@@ -67,7 +76,7 @@ class ContinuationTokenizer:
 
     def _separate(self, tail_ids: list[int]) -> tuple[list[list[int]], bool]:
         tail_text = self._decode(tail_ids)
-        return [self._encode(label_text(tail_text, label)) for label in self.labels], False
+        return [self._encode(self.join(tail_text, label)) for label in self.texts], False
 
     def _remember(self, tail: tuple[int, ...], value) -> None:
         self._cache[tail] = value

@@ -29,8 +29,8 @@ from bulkrun.tasks.metrics import (
     answers_match,
     classification_metrics,
     extract_answer,
-    format_metrics,
     generation_metrics,
+    metrics_lines,
 )
 from bulkrun.tasks.sweep import SWEEP_KEYS
 
@@ -141,9 +141,10 @@ class EvalTask(Task):
             correct = answers_match(predicted, expected, self.normalized)
         return {"expected": expected, "predicted": predicted, "correct": correct, **columns}
 
-    def summarize(self, results: list[dict]) -> dict | None:
+    def summarize(self, results) -> dict | None:
+        """One pass over the result records (a list or a stream)."""
         if self.classifier is not None:
-            pairs = [(r["expected"], r["predicted"]) for r in results]
+            pairs = ((r["expected"], r["predicted"]) for r in results)
             return classification_metrics(pairs, self.classifier.labels.names)
         return generation_metrics((bool(r["correct"]), r["predicted"] is not None) for r in results)
 
@@ -152,4 +153,4 @@ class EvalTask(Task):
 
     @staticmethod
     def summary_lines(metrics: Mapping) -> list[str]:
-        return format_metrics(dict(metrics))
+        return metrics_lines(metrics)

@@ -108,6 +108,38 @@ def generation_metrics(records: Iterable[tuple[bool, bool]]) -> dict:
     }
 
 
+def metrics_lines(metrics: dict) -> list[str]:
+    """Human lines for the end-of-job summary of any task's metrics (metrics.json)."""
+    kind = metrics.get("kind")
+    if kind == "classify":
+        counts = metrics.get("label_counts") or {}
+        lines = ["labels: " + ", ".join(f"{name} {count}" for name, count in counts.items())]
+        if metrics.get("label_tokenization_fallbacks"):
+            lines.append(
+                f"note: on {metrics['label_tokenization_fallbacks']} prompts a label merged with the "
+                "prompt's last token; those labels were tokenized on their own"
+            )
+        return lines
+    if kind in ("classification", "generation"):
+        lines = format_metrics(metrics)
+        if kind == "classification" and metrics["items"]:
+            lines += confusion_lines(metrics)
+        return lines
+    return []
+
+
+def confusion_lines(metrics: dict) -> list[str]:
+    """The confusion matrix as text: a row per expected label, a column per predicted one."""
+    confusion = metrics["confusion"]
+    columns = list(next(iter(confusion.values())))
+    width = max(len(str(c)) for c in [*columns, "expected"]) + 1
+    lines = ["confusion (rows expected, columns predicted):"]
+    lines.append(" " * width + "".join(f"{str(c)[: width - 1]:>{width}}" for c in columns))
+    for expected, row in confusion.items():
+        lines.append(f"{expected[: width - 1]:<{width}}" + "".join(f"{row[c]:>{width}}" for c in columns))
+    return lines
+
+
 def format_metrics(metrics: dict) -> list[str]:
     """A few human lines for the end-of-job summary."""
     acc = metrics.get("accuracy")

@@ -118,3 +118,37 @@ def test_summary_counts_labels(tokenizer):
     task = make_task(tokenizer)
     summary = task.summarize([{"label": "bug"}, {"label": "bug"}, {"label": "billing"}])
     assert summary["label_counts"] == {"billing": 1, "bug": 2, "feature request": 0}
+
+
+def _encode(tokenizer, text):
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def test_answer_is_begun_so_labels_get_their_in_text_tokens(tokenizer):
+    task = make_task(tokenizer)
+    item = Item(0, "0", ROWS[0])
+    prompt_ids = chat_prompt_ids(tokenizer, task.render(item))
+    (req,) = task.requests(item, prompt_ids)
+    prompt_text = tokenizer.decode(prompt_ids)
+    assert prompt_text.endswith("assistant\n")
+    assert req.prompt_token_ids == _encode(tokenizer, prompt_text + "Label:")
+    assert req.continuations[0] == _encode(tokenizer, " billing")
+    for label, cont in zip(task.labels, req.continuations, strict=True):
+        assert req.prompt_token_ids + cont == _encode(tokenizer, prompt_text + "Label: " + label)
+
+
+def test_raw_prompt_gets_the_answer_prefix_on_a_new_line(tokenizer):
+    task = make_task(tokenizer)
+    item = Item(0, "0", ROWS[1])
+    text = task.render(item)
+    (req,) = task.requests(item, _encode(tokenizer, text))
+    assert tokenizer.decode(req.prompt_token_ids) == text + "\nLabel:"
+
+
+def test_empty_answer_prefix_scores_labels_right_after_the_prompt(tokenizer):
+    task = make_task(tokenizer, answer_prefix="")
+    item = Item(0, "0", ROWS[0])
+    prompt_ids = chat_prompt_ids(tokenizer, task.render(item))
+    (req,) = task.requests(item, prompt_ids)
+    assert req.prompt_token_ids == prompt_ids
+    assert req.continuations[0] == _encode(tokenizer, "billing")

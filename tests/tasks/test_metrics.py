@@ -13,6 +13,7 @@ from bulkrun.tasks.metrics import (
     extract_answer,
     format_metrics,
     generation_metrics,
+    metrics_lines,
 )
 
 LABELS = ["billing", "bug", "feature"]
@@ -92,3 +93,19 @@ def test_generation_metrics_and_summary_lines():
     lines = format_metrics(classification_metrics([("bug", "bug"), ("billing", "bug")], LABELS))
     assert lines[0] == "accuracy 50.0% (1/2)"
     assert any(line.startswith("feature") and " - " in line for line in lines)
+
+
+def test_summary_lines_for_every_kind():
+    m = classification_metrics([("billing", "bug"), ("bug", "bug"), ("feature", "feature")], LABELS)
+    lines = metrics_lines(m)
+    assert lines[0] == "accuracy 66.7% (2/3)"
+    start = lines.index("confusion (rows expected, columns predicted):")
+    assert lines[start + 2].split() == ["billing", "0", "1", "0"]
+    classify = metrics_lines({"kind": "classify", "label_counts": {"bug": 3, "billing": 0}})
+    assert classify == ["labels: bug 3, billing 0"]
+    assert metrics_lines({"kind": "something else"}) == []
+
+
+def test_metrics_accept_a_stream():
+    m = classification_metrics(iter([("bug", "bug")]), LABELS)
+    assert m["accuracy"] == 1.0
