@@ -1,5 +1,5 @@
-"""Fixtures for the distributed tests: one local Ray cluster (2 CPUs) for the whole session, since Ray
-start-up is slow on a small machine; a tiny model, an input and its single-process results."""
+"""Fixtures for the distributed tests: one local Ray cluster (2 CPUs) shared by consecutive Ray tests,
+since Ray start-up is slow on a small machine; a tiny model, an input and its single-process results."""
 
 from __future__ import annotations
 
@@ -18,24 +18,31 @@ from dist_helpers import make_tiny_model, read_results, write_rows  # noqa: E402
 ROWS = 60
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def ray_cluster():
-    """A local 2-CPU Ray cluster; its workers can import this folder's modules (the fake runner)."""
+    """A local 2-CPU Ray cluster, started by the first test that needs it and shared by the tests that
+    follow; its workers can import this folder's modules (the fake runner, the slowed door)."""
     ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'bulkrun[ray]'")
-    if ray.is_initialized():
-        ray.shutdown()
-    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        configure_logging=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": path}},
-    )
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
+    if not ray.is_initialized():
+        path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            configure_logging=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"PYTHONPATH": path}},
+        )
+    return ray
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """Stop Ray as soon as the run moves on to tests that do not use it (it holds ~700 MB)."""
+    if "ray_cluster" in item.fixturenames and (
+        nextitem is None or "ray_cluster" not in nextitem.fixturenames
+    ):
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            ray.shutdown()
 
 
 @pytest.fixture
