@@ -178,12 +178,17 @@ def report(figures, n, k, args, max_new, unparsed, prompts, task) -> None:
     for key, label in names.items():
         rate, acc, _ = figures[key]
         print(f"{label:<48} {rate:>8.2f} {rate / gen_rate:>12.2f}x {acc:>8.1%}")
-    on, off = figures["scoring"][2], figures["scoring_nocache"][2]
+    on = figures["scoring"][2]
+    gain = figures["scoring"][0] / figures["scoring_nocache"][0]
     print(
-        f"\nprefix cache gain on label scoring: {figures['scoring'][0] / figures['scoring_nocache'][0]:.2f}x "
-        f"(prefill tokens computed {on['prefill_tokens']:.0f} vs {off['prefill_tokens']:.0f}, "
-        f"cache hit tokens {on['prefix_cache_hit_tokens']:.0f})"
+        f"\nprefix cache gain on label scoring: {gain:.2f}x (cache hit tokens {on['prefix_cache_hit_tokens']:.0f})"
     )
+    print(f"{'engine work per item':<48} {'tokens':>8} {'steps':>8} {'mean batch':>11}")
+    for key in ("scoring", "scoring_nocache", "generate"):
+        t = figures[key][2]
+        print(
+            f"{names[key]:<48} {t['scheduled_tokens'] / n:>8.1f} {t['steps']:>8.0f} {t['mean_running_batch']:>11.1f}"
+        )
     print(f"generate-and-parse answers with no label found: {unparsed}/{n}")
     print(f"default model accuracy on the shipped set (label scoring): {figures['scoring'][1]:.1%}")
 
