@@ -7,6 +7,8 @@ of memory, which is what the CPU attention gathers.
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 import psutil
 import torch
@@ -54,7 +56,9 @@ class KVCache:
 def _zeros(shape, dtype, device: torch.device) -> torch.Tensor:
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    # calloc-backed: the kernel hands out zero pages lazily, so a large cache costs nothing until used
-    # (torch.zeros would write every byte up front: seconds per GiB here).
+    # An anonymous mapping: the kernel hands out zero pages lazily, so a large cache costs nothing
+    # until used (torch.zeros writes every byte up front: seconds per GiB here). Plain 4 KiB pages:
+    # numpy's calloc asks for huge pages, whose first touch stalled writes up to 9 ms on compaction.
     nbytes = int(np.prod(shape)) * torch.empty(0, dtype=dtype).element_size()
-    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
+    buffer = mmap.mmap(-1, nbytes)
+    return torch.frombuffer(buffer, dtype=torch.uint8).view(dtype).view(shape)

@@ -11,6 +11,7 @@ from bulkrun.engine.runner_output import RunnerOutput
 from bulkrun.engine.sampler import Sampler
 from bulkrun.engine.scheduler import SchedulerOutput
 from bulkrun.engine.step_inputs import StepInputs, build_step_inputs
+from bulkrun.model.linear import pack_linears_for_cpu
 from bulkrun.model.loader import load_model
 from bulkrun_kernels import get_ops
 from bulkrun_kernels.reference import plan_attention
@@ -32,7 +33,9 @@ class ModelRunner:
         self.device, self.dtype = resolve_device_dtype(config)
         self.ops = get_ops(config.kernels, self.device)
         self.model = load_model(model_dir, self.ops, self.dtype, self.device)
+        self.onednn = self.device.type == "cpu" and pack_linears_for_cpu(self.model)
         cfg = self.model.cfg
+        self.vocab_size = cfg.vocab_size
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         self.max_model_len = min(cfg.max_model_len, config.max_model_len or cfg.max_model_len)
         self.eos_token_ids = set(cfg.eos_token_ids)

@@ -13,6 +13,7 @@ from torch import nn
 
 from bulkrun.engine.attention_metadata import AttentionMetadata
 from bulkrun.model.config import ModelConfig
+from bulkrun.model.linear import Linear
 
 
 def _param(*shape: int) -> nn.Parameter:
@@ -26,16 +27,14 @@ class Attention(nn.Module):
         self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.scale = cfg.head_dim**-0.5
         self.eps = cfg.rms_norm_eps
-        self.qkv_weight = _param(self.q_size + 2 * self.kv_size, cfg.hidden_size)
-        self.qkv_bias = _param(self.q_size + 2 * self.kv_size) if cfg.qkv_bias else None
-        self.o_weight = _param(cfg.hidden_size, self.q_size)
-        self.o_bias = _param(cfg.hidden_size) if cfg.o_bias else None
+        self.qkv = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, cfg.qkv_bias)
+        self.o = Linear(self.q_size, cfg.hidden_size, cfg.o_bias)
         self.q_norm = _param(cfg.head_dim) if cfg.qk_norm else None
         self.k_norm = _param(cfg.head_dim) if cfg.qk_norm else None
 
     def forward(self, ops, x, md: AttentionMetadata, cos_sin, k_cache, v_cache) -> torch.Tensor:
         T = x.shape[0]
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        qkv = self.qkv(x)
         q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
         q = q.view(T, self.num_heads, self.head_dim)
         k = k.view(T, self.num_kv_heads, self.head_dim)
@@ -49,20 +48,17 @@ class Attention(nn.Module):
         o = ops.paged_attention(
             q, k_cache, v_cache, md.block_tables, md.query_start_loc, md.seq_lens, self.scale, **extra
         )
-        return F.linear(o.view(T, self.q_size), self.o_weight, self.o_bias)
+        return self.o(o.view(T, self.q_size))
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_up_weight = _param(2 * cfg.intermediate_size, cfg.hidden_size)
-        self.gate_up_bias = _param(2 * cfg.intermediate_size) if cfg.mlp_bias else None
-        self.down_weight = _param(cfg.hidden_size, cfg.intermediate_size)
-        self.down_bias = _param(cfg.hidden_size) if cfg.mlp_bias else None
+        self.gate_up = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, cfg.mlp_bias)
+        self.down = Linear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias)
 
     def forward(self, ops, x: torch.Tensor) -> torch.Tensor:
-        gate_up = F.linear(x, self.gate_up_weight, self.gate_up_bias)
-        return F.linear(ops.silu_and_mul(gate_up), self.down_weight, self.down_bias)
+        return self.down(ops.silu_and_mul(self.gate_up(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -88,9 +84,9 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = _param(cfg.hidden_size)
-        self.lm_head = (
-            self.embed_tokens if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size)
-        )
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens
         self.register_buffer("cos_sin_cache", torch.empty(0), persistent=False)
 
     def init_rotary(self, max_positions: int) -> None:
@@ -115,4 +111,4 @@ class LlamaForCausalLM(nn.Module):
             return torch.empty(0, self.cfg.vocab_size, dtype=torch.float32, device=x.device)
         x, residual = x.index_select(0, logits_indices), residual.index_select(0, logits_indices)
         h, _ = self.ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps, residual)
-        return F.linear(h, self.lm_head).float()
+        return self.lm_head(h).float()

@@ -13,16 +13,16 @@ from bulkrun.model.llama import LlamaForCausalLM
 
 # Our fused parameter <- transformers' parameters, concatenated along dim 0 in this order.
 _FUSED = {
-    "attn.qkv_weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
-    "attn.qkv_bias": ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
-    "attn.o_weight": ("self_attn.o_proj.weight",),
-    "attn.o_bias": ("self_attn.o_proj.bias",),
+    "attn.qkv.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    "attn.qkv.bias": ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
+    "attn.o.weight": ("self_attn.o_proj.weight",),
+    "attn.o.bias": ("self_attn.o_proj.bias",),
     "attn.q_norm": ("self_attn.q_norm.weight",),
     "attn.k_norm": ("self_attn.k_norm.weight",),
-    "mlp.gate_up_weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
-    "mlp.gate_up_bias": ("mlp.gate_proj.bias", "mlp.up_proj.bias"),
-    "mlp.down_weight": ("mlp.down_proj.weight",),
-    "mlp.down_bias": ("mlp.down_proj.bias",),
+    "mlp.gate_up.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+    "mlp.gate_up.bias": ("mlp.gate_proj.bias", "mlp.up_proj.bias"),
+    "mlp.down.weight": ("mlp.down_proj.weight",),
+    "mlp.down.bias": ("mlp.down_proj.bias",),
     "input_norm": ("input_layernorm.weight",),
     "post_attention_norm": ("post_attention_layernorm.weight",),
 }
@@ -49,7 +49,7 @@ def load_model(model_dir: str | Path, ops, dtype: torch.dtype, device: torch.dev
         param.data = value.to(device=device, dtype=dtype).contiguous()
         used.update(sources)
     if cfg.tie_word_embeddings:
-        model.lm_head = model.embed_tokens
+        model.lm_head.weight = model.embed_tokens
         used.add("lm_head.weight")
     unexpected = [n for n in tensors if n not in used and not n.endswith(_IGNORED_SUFFIXES)]
     if unexpected:
@@ -63,7 +63,7 @@ def _sources(name: str, cfg: ModelConfig) -> tuple[str, ...]:
         return ("model.embed_tokens.weight",)
     if name == "norm":
         return ("model.norm.weight",)
-    if name == "lm_head":
+    if name == "lm_head.weight":
         return ("lm_head.weight",)
     _, index, local = name.split(".", 2)  # layers.{i}.{local}
     return tuple(f"model.layers.{index}.{s}" for s in _FUSED[local])

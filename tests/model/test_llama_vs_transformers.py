@@ -11,6 +11,7 @@ from bulkrun.engine.params import SamplingParams
 from bulkrun.engine.request import Request
 from bulkrun.engine.scheduler import ScheduledRequest
 from bulkrun.engine.step_inputs import build_step_inputs
+from bulkrun.model.linear import pack_linears_for_cpu
 from bulkrun.model.loader import load_model
 from bulkrun_kernels import get_ops
 from bulkrun_kernels.reference import plan_attention
@@ -19,10 +20,18 @@ BLOCK_SIZE = 4
 
 
 @pytest.fixture(scope="module", params=sorted(KINDS))
-def models(request, tmp_path_factory):
+def checkpoint(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
-    hf = build_tiny_model(request.param, folder)
+    return build_tiny_model(request.param, folder), folder
+
+
+@pytest.fixture(params=["onednn", "plain"])
+def models(request, checkpoint):
+    """Our model with the CPU's prepacked oneDNN linears, and with plain F.linear."""
+    hf, folder = checkpoint
     ours = load_model(folder, get_ops("reference"), torch.float32, torch.device("cpu"))
+    if request.param == "onednn" and not pack_linears_for_cpu(ours):
+        pytest.skip("oneDNN is not available in this torch build")
     return hf, ours
 
 
@@ -35,8 +44,8 @@ class PagedRun:
     """Drives our model step by step over a shuffled (non-contiguous) block pool, like the runner."""
 
     def __init__(self, model, num_blocks=64, seed=0):
-        self.model = model
-        self.cache = KVCache(model.cfg, num_blocks, BLOCK_SIZE, torch.float32, "cpu")
+        self.model, self.device = model, model.norm.device
+        self.cache = KVCache(model.cfg, num_blocks, BLOCK_SIZE, torch.float32, self.device)
         self.free = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
 
     def request(self, rid: str, tokens: list[int]) -> Request:
@@ -51,12 +60,19 @@ class PagedRun:
             r.token_ids.append(0)  # a placeholder target so the last row is scored too
         inputs = build_step_inputs([ScheduledRequest(r, n, False) for r, n in work], BLOCK_SIZE)
         md = inputs.metadata
-        md.plan = plan_attention(md.block_tables, md.query_start_loc, md.seq_lens, BLOCK_SIZE, torch.float32)
+        if self.model.ops.backend == "reference":
+            md.plan = plan_attention(
+                md.block_tables, md.query_start_loc, md.seq_lens, BLOCK_SIZE, torch.float32
+            )
+        for name in ("positions", "slot_mapping", "block_tables", "query_start_loc", "seq_lens"):
+            setattr(md, name, getattr(md, name).to(self.device))
         with torch.inference_mode():
-            logits = self.model(inputs.input_ids, md, self.cache.layers, inputs.logits_indices)
+            logits = self.model(
+                inputs.input_ids.to(self.device), md, self.cache.layers, inputs.logits_indices.to(self.device)
+            )
         out = []
         for span, (r, n) in zip(inputs.score_spans, work, strict=True):
-            out.append(logits[span.first_row : span.first_row + n])
+            out.append(logits[span.first_row : span.first_row + n].cpu())
             r.token_ids.pop()
             r.num_computed_tokens += n
         return out
