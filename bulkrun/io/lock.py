@@ -1,7 +1,8 @@
 """One live run per output directory (per --shard slice), with stale-lock detection.
 
 The lock is a file created with O_EXCL holding pid, hostname, the process start time and a
-heartbeat (refreshed at every checkpoint). A lock is stale, and is taken over, when
+heartbeat (refreshed at every checkpoint and at least every minute). A lock is stale, and is
+taken over, when
 - it was written on this host and its pid is gone, or now belongs to another process (start times
   differ: pids are reused), or
 - it was written on another host and its heartbeat is older than STALE_AFTER_S (we cannot see

@@ -19,6 +19,8 @@ from bulkrun.job.feed import Window
 from bulkrun.job.stats import RunStats
 from bulkrun.tasks.base import Item, RowError, Task
 
+HEARTBEAT_S = 60.0  # refresh the lock at least this often, commits or not
+
 
 @dataclass(slots=True)
 class _Pending:
@@ -30,18 +32,23 @@ class _Pending:
 
 @dataclass
 class Checkpointer:
-    """Commit every `items` records and/or every `seconds`, whichever comes first."""
+    """Commit every `items` records and/or every `seconds`, whichever comes first. When the time
+    is up with nothing to commit, only `heartbeat` is called (the lock shows the run is alive)."""
 
     items: int | None
     seconds: float | None
     commit: Callable[[], None]
+    heartbeat: Callable[[], None] = lambda: None
     _last: float = field(default_factory=time.monotonic)
 
     def maybe(self, buffered: int) -> None:
         due_items = self.items is not None and buffered >= self.items
-        due_time = self.seconds is not None and time.monotonic() - self._last >= self.seconds
-        if due_items or (due_time and buffered):
+        due_time = time.monotonic() - self._last >= (self.seconds or HEARTBEAT_S)
+        if due_items or (due_time and buffered and self.seconds is not None):
             self.now()
+        elif due_time:
+            self.heartbeat()
+            self._last = time.monotonic()
 
     def now(self) -> None:
         self.commit()

@@ -30,9 +30,9 @@ class Progress:
         if self.bar is not None:
             self.bar.update(1)
 
-    def step(self) -> None:
+    def step(self, force: bool = False) -> None:
         now = time.monotonic()
-        if self.bar is None or now - self._last_postfix < 0.5:
+        if self.bar is None or (now - self._last_postfix < 0.5 and not force):
             return
         self._last_postfix = now
         wall = max(self.stats.wall_s, 1e-9)
@@ -47,4 +47,5 @@ class Progress:
 
     def close(self) -> None:
         if self.bar is not None:
+            self.step(force=True)  # the final figures, not those of half a second ago
             self.bar.close()

@@ -159,7 +159,8 @@ def _stream(session: JobSession, engine, writer: str, select, on_progress: Progr
         layout.write_progress(out, writer, run_report(session, stats))
 
     try:
-        driver.run(feed.windows(), Checkpointer(*parse_checkpoint(spec.checkpoint_every), commit))
+        items, seconds = parse_checkpoint(spec.checkpoint_every)
+        driver.run(feed.windows(), Checkpointer(items, seconds, commit, session.lock.heartbeat))
     finally:
         feed.close()
         progress.close()

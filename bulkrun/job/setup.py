@@ -24,6 +24,8 @@ def build_task(spec: JobSpec) -> Task:
 
 
 def out_dir(spec: JobSpec) -> Path:
+    if spec.out and "://" in spec.out:
+        raise UsageError(f"--out {spec.out}: the job layer writes to local or shared (NFS) paths, not URIs")
     if spec.out:
         out = Path(spec.out)
     else:

@@ -1,0 +1,84 @@
+"""End to end on the default model (SmolLM2-135M-Instruct): the job layer hands the engine exactly
+the chat-templated prompt and stores exactly what it generates; OpenAI batch in, OpenAI batch out;
+the shipped classify spec on a few tickets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from jobtest_helpers import read_jsonl, write_jsonl
+
+from bulkrun.errors import EXIT_OK
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+ENGINE = ["--kv-cache-mem", "256MiB", "--quiet"]
+QUESTIONS = ["What is the capital of France?", "Name three colours.", "Wie spät ist es?", "def add(a, b):"]
+
+
+@pytest.fixture(scope="module")
+def default_model():
+    from bulkrun.model_source import resolve_model
+
+    return resolve_model(None)
+
+
+def test_generate_stores_exactly_what_the_engine_generates(bulkrun, tmp_path, default_model):
+    from bulkrun.engine.config import EngineConfig
+    from bulkrun.engine.engine import Engine
+    from bulkrun.engine.params import EngineRequest, SamplingParams
+
+    rows = [{"id": f"q{i}", "text": q} for i, q in enumerate(QUESTIONS)]
+    path = write_jsonl(tmp_path / "in.jsonl", rows)
+    code, _, _ = bulkrun("generate", path, "--out", tmp_path / "out", "--id-field", "id", "--max-tokens", "12",
+                         *ENGINE)  # fmt: skip
+    assert code == EXIT_OK
+    results = read_jsonl(tmp_path / "out" / "results.jsonl")
+    engine = Engine.from_model(str(default_model), EngineConfig(kv_cache_bytes=256 << 20))
+    tok = engine.tokenizer
+    prompts = [
+        list(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                     tokenize=True, return_dict=False))
+        for q in QUESTIONS
+    ]  # fmt: skip
+    direct = engine.generate(
+        [EngineRequest(str(i), p, SamplingParams(max_tokens=12)) for i, p in enumerate(prompts)]
+    )
+    assert [r["text"] for r in results] == [o.text for o in direct]
+    assert [r["prompt_tokens"] for r in results] == [len(p) for p in prompts]
+    assert "Paris" in results[0]["text"]
+
+
+def test_openai_batch_on_the_default_model(bulkrun, tmp_path, default_model):
+    lines = [
+        {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"model": "gpt-4o-mini", "max_tokens": 8, "messages": [
+             {"role": "system", "content": "Answer briefly."}, {"role": "user", "content": q}]}}
+        for i, q in enumerate(QUESTIONS[:2])
+    ]  # fmt: skip
+    path = write_jsonl(tmp_path / "batch.jsonl", lines)
+    code, _, _ = bulkrun("generate", path, "--out", tmp_path / "out", *ENGINE)
+    assert code == EXIT_OK
+    outputs = read_jsonl(tmp_path / "out" / "output.jsonl")
+    assert [o["custom_id"] for o in outputs] == ["c0", "c1"]
+    content = outputs[0]["response"]["body"]["choices"][0]["message"]["content"]
+    assert "Paris" in content
+    assert outputs[0]["response"]["body"]["usage"]["completion_tokens"] <= 8
+
+
+def test_shipped_classify_spec_on_a_few_tickets(bulkrun, tmp_path, default_model, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    tickets = [json.loads(line) for line in open("bulkrun/data/tickets.jsonl", encoding="utf-8")][:6]
+    path = write_jsonl(tmp_path / "few.jsonl", tickets)
+    code, _, _ = bulkrun(
+        "run", "jobs/classify-tickets.toml", "--input", path, "--out", tmp_path / "out", *ENGINE
+    )
+    assert code == EXIT_OK
+    results = read_jsonl(tmp_path / "out" / "results.jsonl")
+    assert [r["id"] for r in results] == [t["id"] for t in tickets]
+    assert all(r["label"] in {"billing", "bug", "feature", "shipping", "account"} for r in results)
+    assert all(abs(sum(r["label_probs"].values()) - 1) < 1e-6 for r in results)
+    assert results[0]["text"] == tickets[0]["text"]  # keep_fields copies the ticket text
