@@ -6,6 +6,7 @@ import torch
 from transformers import AutoTokenizer
 
 from bulkrun.engine.config import EngineConfig
+from bulkrun.engine.cpu_env import keep_freed_memory
 from bulkrun.engine.kv_cache import KVCache, default_cpu_kv_bytes, default_cuda_kv_bytes
 from bulkrun.engine.runner_output import RunnerOutput
 from bulkrun.engine.sampler import Sampler
@@ -31,6 +32,8 @@ class ModelRunner:
     def __init__(self, model_dir: str, config: EngineConfig):
         self.config = config
         self.device, self.dtype = resolve_device_dtype(config)
+        if self.device.type == "cpu":
+            keep_freed_memory()
         self.ops = get_ops(config.kernels, self.device)
         self.model = load_model(model_dir, self.ops, self.dtype, self.device)
         self.onednn = self.device.type == "cpu" and pack_linears_for_cpu(self.model)

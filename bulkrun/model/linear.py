@@ -22,6 +22,9 @@ def onednn_available() -> bool:
     )
 
 
+_PACKABLE = (torch.float32, torch.bfloat16)
+
+
 class Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()
@@ -41,11 +44,11 @@ class Linear(nn.Module):
 
 
 def pack_linears_for_cpu(model: nn.Module) -> bool:
-    """Prepack every Linear of an fp32 CPU model for oneDNN; False when oneDNN is not usable."""
+    """Prepack every Linear of a CPU model (fp32 or bf16) for oneDNN; False when it is not usable."""
     if not onednn_available():
         return False
     linears = [m for m in model.modules() if isinstance(m, Linear)]
-    if any(m.weight.device.type != "cpu" or m.weight.dtype != torch.float32 for m in linears):
+    if any(m.weight.device.type != "cpu" or m.weight.dtype not in _PACKABLE for m in linears):
         return False
     for m in linears:
         m.pack_for_cpu()
