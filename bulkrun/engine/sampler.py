@@ -6,8 +6,9 @@ So its tokens never depend on batch mates, and a preempted request that recomput
 numbers again. Unseeded requests draw from one per-engine generator.
 
 Filtering follows transformers' order: temperature, then top-k, then top-p, then min-p. Top-k/top-p
-rows work on their top candidates (topk, not a full sort of the vocabulary: a full sort costs ~4 ms a
-row here); a top-p row whose candidates hold less than top_p of the mass falls back to the full sort.
+rows work on their top candidates (topk, not a full sort of the vocabulary: a full sort costs ~5 ms a
+row here); a top-p row whose candidates hold less than top_p of the mass retries with 8x as many, up
+to the whole vocabulary, on its own (so its result never depends on its batch mates).
 
 Log-probabilities are those of the model's own distribution: log_softmax of the raw logits, before
 temperature and filtering (what an evaluator wants, and the same whatever the sampling settings).
@@ -53,10 +54,19 @@ class Sampler:
             rows = torch.tensor(greedy, device=logits.device)
             tokens.index_copy_(0, rows, logits.index_select(0, rows).argmax(dim=-1))
         sampled = [i for i, p in enumerate(params) if not p.greedy]
-        for (_, width), rows in _group_by_candidates(sampled, params, logits.shape[1]).items():
-            uniforms = [self._uniform(params[i], output_indices[i]) for i in rows]
-            chosen = _sample_rows(logits, rows, [params[i] for i in rows], uniforms, width)
-            tokens.index_copy_(0, torch.tensor(rows, device=logits.device), chosen)
+        vocab = logits.shape[1]
+        for (_, width), rows in _group_by_candidates(sampled, params, vocab).items():
+            uniform = {i: self._uniform(params[i], output_indices[i]) for i in rows}  # one draw per row
+            while rows:  # top-p rows whose candidates hold too little mass retry with 8x as many
+                chosen, narrow = _sample_rows(
+                    logits, rows, [params[i] for i in rows], [uniform[i] for i in rows], width
+                )
+                done = [j for j, n in enumerate(narrow) if not n]
+                if done:
+                    index = torch.tensor(done, device=logits.device)
+                    target = torch.tensor([rows[j] for j in done], device=logits.device)
+                    tokens.index_copy_(0, target, chosen.index_select(0, index))
+                rows, width = [rows[j] for j, n in enumerate(narrow) if n], min(vocab, width * 8)
         return tokens.tolist(), _logprobs(logits, tokens, params)
 
     def _uniform(self, p: SamplingParams, output_index: int) -> float:
@@ -73,7 +83,8 @@ def _group_by_candidates(rows: list[int], params: list[SamplingParams], vocab: i
     return groups
 
 
-def _sample_rows(logits, rows, params, uniforms, width) -> torch.Tensor:
+def _sample_rows(logits, rows, params, uniforms, width) -> tuple[torch.Tensor, list[bool]]:
+    """Tokens for `rows` from their top `width` candidates, and which rows need more candidates."""
     device = logits.device
     vocab = logits.shape[1]
     temperature = torch.tensor([p.temperature for p in params], device=device)[:, None]
@@ -82,18 +93,21 @@ def _sample_rows(logits, rows, params, uniforms, width) -> torch.Tensor:
         values, ids = scaled, None
     else:
         values, ids = scaled.topk(width, dim=-1)
-    top_p = [p.top_p for p in params]
-    if any(tp < 1.0 for tp in top_p):
-        values, ids = _top_p(scaled, values, ids, params)
+    narrow = [False] * len(rows)
+    if any(p.top_p < 1.0 for p in params):
+        values, ids, narrow = _top_p(scaled, values, ids, params)
     values = _min_p(values, [p.min_p for p in params])
     cdf = values.softmax(dim=-1).cumsum(dim=-1)
     u = torch.tensor(uniforms, dtype=cdf.dtype, device=device)[:, None] * cdf[:, -1:]
     position = torch.searchsorted(cdf, u, right=True).clamp_(max=values.shape[1] - 1)
-    return position.squeeze(1) if ids is None else ids.gather(1, position).squeeze(1)
+    return (position.squeeze(1) if ids is None else ids.gather(1, position).squeeze(1)), narrow
 
 
 def _top_p(scaled, values, ids, params):
-    """Mask candidates beyond each row's top-p nucleus (rows without top-k see the whole vocabulary)."""
+    """Mask candidates beyond each row's top-p nucleus (rows without top-k see the whole vocabulary).
+
+    Also says which rows' candidates hold less than top_p of the mass (their nucleus may go further).
+    """
     top_p = torch.tensor([p.top_p for p in params], device=values.device)[:, None]
     if ids is None:
         values, ids = scaled.sort(dim=-1, descending=True)
@@ -101,11 +115,9 @@ def _top_p(scaled, values, ids, params):
     # Probabilities relative to the distribution top-p sees: the whole vocabulary without top-k.
     norm = torch.where(no_top_k, scaled.logsumexp(-1, keepdim=True), values.logsumexp(-1, keepdim=True))
     probs = (values - norm).exp()
-    if bool((no_top_k & (probs.sum(-1, keepdim=True) < top_p)).any()):  # too few candidates: sort all
-        values, ids = scaled.sort(dim=-1, descending=True)
-        probs = (values - norm).exp()
+    narrow = no_top_k & (probs.sum(-1, keepdim=True) < top_p) & (values.shape[1] < scaled.shape[1])
     outside = (probs.cumsum(dim=-1) - probs) >= top_p  # mass strictly above a token already >= top_p
-    return values.masked_fill(outside, float("-inf")), ids
+    return values.masked_fill(outside, float("-inf")), ids, narrow.squeeze(1).tolist()
 
 
 def _min_p(values: torch.Tensor, min_p: list[float]) -> torch.Tensor:

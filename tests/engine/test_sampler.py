@@ -100,3 +100,14 @@ def test_sampled_logprob_is_the_raw_model_distribution():
     params = SamplingParams(temperature=0.5, top_k=4, logprobs=True, seed=9)
     tokens, logprobs = Sampler()(logits, [params], [0])
     assert logprobs[0] == pytest.approx(float(logits[0].log_softmax(-1)[tokens[0]]))
+
+
+def test_a_row_needing_more_top_p_candidates_does_not_change_its_batch_mates():
+    flat = torch.zeros(1, 3000)  # needs ~2700 candidates for top_p 0.9
+    peaked = torch.randn(1, 3000, generator=torch.Generator().manual_seed(6)) * 8
+    p_flat, p_peaked = (
+        SamplingParams(temperature=1.0, top_p=0.9, seed=1),
+        SamplingParams(temperature=1.0, top_p=0.9, seed=2),
+    )
+    together, _ = Sampler()(torch.cat([flat, peaked]), [p_flat, p_peaked], [4, 4])
+    assert together == Sampler()(flat, [p_flat], [4])[0] + Sampler()(peaked, [p_peaked], [4])[0]
