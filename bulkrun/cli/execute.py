@@ -30,6 +30,10 @@ def execute(spec: JobSpec) -> int:
         from bulkrun.distributed.ray_runner import run_on_ray
 
         report = run_on_ray(spec)
+    elif "://" in spec.out:  # s3://, gs://, ...: run on a local mirror (bulkrun.distributed.uri_jobs)
+        from bulkrun.distributed.uri_jobs import run_job_at_uri
+
+        report = run_job_at_uri(spec)
     else:
         from bulkrun.job.runner import run_job
 

@@ -11,12 +11,12 @@ import typer
 from bulkrun.cli.app import app
 from bulkrun.errors import EXIT_INCOMPLETE, EXIT_OK, UsageError
 
-OUT = typer.Argument(..., help="The job's output directory (its --out).", show_default=False)
+OUT = typer.Argument(..., help="The job's output directory (its --out; a path or a URI).", show_default=False)
 
 
 @app.command()
 def status(
-    out: Path = OUT,
+    out: str = OUT,
     as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
 ) -> int:
     """Show how far a job is: rows done, errored and remaining, whether a run is alive, throughput.
@@ -25,14 +25,19 @@ def status(
     """
     from bulkrun.job.status import job_status, status_lines
 
-    info = job_status(out)
+    if "://" in out:
+        from bulkrun.distributed.uri_jobs import status_at_uri
+
+        info = status_at_uri(out)
+    else:
+        info = job_status(Path(out))
     typer.echo(json.dumps(info, indent=2) if as_json else "\n".join(status_lines(info)))
     return EXIT_OK if info["remaining"] == 0 else EXIT_INCOMPLETE
 
 
 @app.command()
 def export(
-    out: Path = OUT,
+    out: str = OUT,
     fmt: str = typer.Option(
         None, "--format", "-f", help="results as jsonl or parquet (default: like the input)."
     ),
@@ -47,7 +52,12 @@ def export(
 
     if fmt not in (None, "jsonl", "parquet"):
         raise UsageError(f"--format must be jsonl or parquet, got {fmt!r}")
-    report = export_job(out, fmt, force)
+    if "://" in out:
+        from bulkrun.distributed.uri_jobs import export_at_uri
+
+        report = export_at_uri(out, fmt, force)
+    else:
+        report = export_job(Path(out), fmt, force)
     print(f"exported {report['results_total']} results and {report['errors_total']} errors: "
-          + ", ".join(str(out / name) for name in report["files"]), file=sys.stderr)  # fmt: skip
+          + ", ".join(f"{out.rstrip('/')}/{name}" for name in report["files"]), file=sys.stderr)  # fmt: skip
     return EXIT_OK
