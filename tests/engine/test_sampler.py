@@ -78,7 +78,7 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
 
 def test_top_p_falls_back_to_a_full_sort_when_candidates_are_too_few():
     logits = torch.zeros(1, 3000)  # uniform: 0.9 of the mass needs 2700 tokens, beyond the first guess
-    support = _support(logits, SamplingParams(temperature=1.0, top_p=0.9, seed=1), draws=300)
+    support = _support(logits, SamplingParams(temperature=1.0, top_p=0.9, seed=1), draws=60)
     assert max(support) >= 1024  # tokens outside the first candidate set are reachable
 
 
