@@ -172,9 +172,7 @@ def main() -> None:
         memory[rows] = _child(
             ["memory", str(workdir / f"in-{rows}.jsonl"), str(workdir / f"out-{rows}"), model]
         )
-    sorting = {
-        s: _child(["sorting", model, str(args.sort_rows), s, str(args.repeats)]) for s in ("on", "off")
-    }
+    sorting = _child(["sorting", model, str(args.sort_rows), str(args.repeats)])
     _print_table(args, memory, sorting)
 
 
@@ -191,14 +189,12 @@ def _print_table(args, memory: dict, sorting: dict) -> None:
     print(f"  peak RSS growth {args.small} -> {args.large} rows: {growth:+.1%} (target < 20%)")
     print(f"  job layer alone {large['items_per_s']:.0f} items/s vs real engine {engine_items:.2f} items/s "
           f"(x{large['items_per_s'] / max(engine_items, 1e-9):.0f} headroom)")  # fmt: skip
-    print(
-        f"length sorting, real engine, {args.sort_rows} prompts of 50-400 tokens, 16 new tokens, one window"
-    )
+    print(f"length sorting, real engine, {args.sort_rows} prompts of 50-400 tokens in one window, 16 new "
+          f"tokens, max {SORT_MAX_SEQS} running, greedy, on/off runs alternating")  # fmt: skip
     for s in ("on", "off"):
         r = sorting[s]
-        print(
-            f"  sort {s:>3}: {r['tokens_per_s']:8.1f} tok/s  {r['items_per_s']:6.2f} items/s  runs {r['runs']}"
-        )
+        print(f"  sort {s:>3}: {r['tokens_per_s']:8.1f} tok/s  {r['items_per_s']:6.2f} items/s  "
+              f"{r['steps']:.0f} steps  mean batch {r['mean_batch']:.2f}  runs {r['runs']}")  # fmt: skip
     print(f"  sorting gain: {gain:+.1%} tokens/s (median of {args.repeats})")
 
 
