@@ -29,7 +29,7 @@ demo: install
 	@echo
 	@echo "results: runs/demo/results.jsonl   report: runs/demo/report.json"
 	@$(BIN)/python -c "import json; rows=[json.loads(l) for l in open('runs/demo/results.jsonl')]; \
-	[print(f\"{r['id']:>6}  {r.get('label')!s:<10} p={r.get('probability', 0):.2f}  {r.get('text_in', '')[:70]}\") for r in rows[:12]]"
+	[print(f\"{r['id']:>6}  {r.get('label')!s:<10} p={r.get('probability', 0):.2f}  {r.get('text', '')[:70]}\") for r in rows[:12]]"
 
 test: install
 	$(BIN)/pytest
