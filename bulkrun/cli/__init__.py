@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     try:
         code = app(args=args, prog_name="bulkrun", standalone_mode=False)
+        if code == EXIT_INTERRUPTED:  # typer turned Ctrl-C / SIGTERM into this exit code
+            code = _interrupted()
     except typer.Exit as exc:
         code = exc.exit_code
     except (typer.Abort, KeyboardInterrupt):

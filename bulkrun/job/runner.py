@@ -148,7 +148,8 @@ def _stream(session: JobSession, engine, writer: str, select, on_progress: Progr
     )  # fmt: skip
     already = len(committed.done) if select is None else sum(1 for r in committed.done.rows() if select(r))
     total = session.total_rows if select is None else None
-    progress = Progress(total, already, stats, quiet=spec.quiet, label=spec.task)
+    # A caller with its own progress hook (a Ray worker) shows one bar for everyone: none here.
+    progress = Progress(total, already, stats, quiet=spec.quiet or on_progress is not None, label=spec.task)
     driver = Driver(engine, session.task, results, errors, stats, keep_fields=spec.keep_fields)
     driver.on_record, driver.on_step = _hooks(progress, stats, on_progress, already)
 

@@ -81,3 +81,26 @@ def test_resume_after_kill_9_is_exactly_once(tmp_path, tiny_model):
         rows = _committed_rows(out)
         assert sorted(rows) == list(range(N_ROWS)), f"seed {seed}"
     assert cut_mid_job, "no kill landed between two commits: the test did not test resume"
+
+
+def test_sigterm_commits_what_is_finished_and_exits_130(tmp_path, tiny_model):
+    path = write_jsonl(tmp_path / "in.jsonl", ROWS)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from bulkrun.cli import main; main()", *_args(path, out, tiny_model)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline and not _reached(out, 1):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    rows = _committed_rows(out)
+    if proc.returncode == 130:  # stopped mid-job (not already finished)
+        assert "interrupted" in err and "Traceback" not in err
+        assert not (out / "lock").exists()  # released on the way out
+    assert rows and len(rows) == len(set(rows))
+    assert main(_args(path, out, tiny_model)) == 3
+    assert sorted(_committed_rows(out)) == list(range(N_ROWS))
