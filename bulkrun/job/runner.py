@@ -19,7 +19,14 @@ from pathlib import Path
 
 from bulkrun.errors import UsageError
 from bulkrun.io.lock import JobLock
-from bulkrun.io.manifest import build_manifest, input_fingerprint, job_fingerprint, write_or_check_manifest
+from bulkrun.io.manifest import (
+    build_manifest,
+    describe_change,
+    input_fingerprint,
+    job_fingerprint,
+    read_manifest,
+    write_or_check_manifest,
+)
 from bulkrun.io.readers import count_rows, read_rows
 from bulkrun.io.shards import ERRORS_DIR, RESULTS_DIR, ShardWriter
 from bulkrun.io.windows import PromptBuilder
@@ -121,8 +128,10 @@ def _partition(spec: JobSpec, partition):
 
 def _manifest(spec, task, input_path: Path, fmt: str, model_info: dict, out: Path) -> dict:
     input_info = {"path": str(input_path), "format": fmt, **input_fingerprint(input_path)}
-    input_info["rows"] = count_rows(input_path, fmt)
     manifest = build_manifest(spec.result_options(type(task)), model_info, input_info)
+    old = read_manifest(out)
+    if old is None or describe_change(old, manifest):  # a new job: count its rows (a reading pass)
+        input_info["rows"] = count_rows(input_path, fmt)
     return write_or_check_manifest(out, manifest)
 
 
