@@ -151,7 +151,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", type=int, default=2_000)
     parser.add_argument("--large", type=int, default=200_000)
-    parser.add_argument("--sort-rows", type=int, default=32)
+    parser.add_argument("--sort-rows", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tiny", action="store_true", help="use a tiny random model instead of the default")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
