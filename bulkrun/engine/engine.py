@@ -116,7 +116,7 @@ class Engine:
         )
         if req.kind is RequestKind.SCORE_PARENT:
             if req.finish_reason == "scored":
-                out.continuation_logprobs = [child.score_logprobs for child in req.children]
+                out.continuation_logprobs = req.continuation_logprobs()
             return out
         out.output_token_ids = req.output_token_ids
         if req.params.logprobs:

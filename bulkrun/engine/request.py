@@ -18,8 +18,10 @@ class RequestStatus(Enum):
 
 class RequestKind(Enum):
     GENERATE = "generate"  # computes all its tokens, then samples one new token per step
-    SCORE_PARENT = "score_parent"  # computes the prompt's shareable full blocks, then forks children
-    SCORE_CHILD = "score_child"  # prompt + one continuation; scores it, samples nothing
+    # computes the whole prompt and scores every continuation's first token from its last row;
+    # then forks one child per continuation longer than one token
+    SCORE_PARENT = "score_parent"
+    SCORE_CHILD = "score_child"  # prompt + one continuation; scores cont[1:], samples nothing
 
 
 @dataclass(slots=True, eq=False)
@@ -46,8 +48,12 @@ class Request:
     error: str | None = None
     # Scoring family: the parent keeps its children (in continuation order) and counts the live ones.
     parent: Request | None = None
+    # Only continuations longer than one token get a child; the parent scores all first tokens.
     children: list[Request] = field(default_factory=list)
     num_live_children: int = 0
+    first_token_ids: list[int] | None = None  # scoring parent: each continuation's first token
+    first_token_logprobs: list[float] = field(default_factory=list)  # same order, from the runner
+    continuation_lengths: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -78,6 +84,15 @@ class Request:
     @property
     def num_remaining_tokens(self) -> int:
         return self.num_target_tokens - self.num_computed_tokens
+
+    def continuation_logprobs(self) -> list[list[float]]:
+        """Scoring parent: per continuation, the log-probability of each of its tokens (the first
+        from the parent's last prompt row, the rest from the continuation's child)."""
+        children = iter(self.children)
+        out = []
+        for first, n in zip(self.first_token_logprobs, self.continuation_lengths, strict=True):
+            out.append([first, *next(children).score_logprobs] if n > 1 else [first])
+        return out
 
 
 def validate_engine_request(req: EngineRequest) -> None:

@@ -65,6 +65,7 @@ class ModelRunner:
         logits = self.model(inputs.input_ids, inputs.metadata, self.kv_cache.layers, inputs.logits_indices)
         self._sample(inputs, logits, result)
         self._score(inputs, logits, result)
+        self._score_first_tokens(inputs, logits, result)
         return result
 
     def _to_device(self, inputs: StepInputs) -> StepInputs:
@@ -97,11 +98,28 @@ class ModelRunner:
             return
         first = spans[0].first_row
         targets = torch.tensor([t for s in spans for t in s.targets], device=logits.device)
-        rows = logits[first:].log_softmax(dim=-1)
+        rows = logits[first : first + len(targets)].log_softmax(dim=-1)
         values = rows.gather(1, targets[:, None]).squeeze(1).tolist()
         for s in spans:
             start = s.first_row - first
             result.score_logprobs[s.request.request_id] = values[start : start + len(s.targets)]
+
+    def _score_first_tokens(self, inputs: StepInputs, logits: torch.Tensor, result: RunnerOutput) -> None:
+        """One log_softmax row per scoring parent (its last prompt row), K gathers from it."""
+        requests = inputs.first_token_requests
+        if not requests:
+            return
+        first = logits.shape[0] - len(requests)
+        rows = logits[first:].float().log_softmax(dim=-1)
+        row_index = [i for i, r in enumerate(requests) for _ in r.first_token_ids]
+        tokens = [t for r in requests for t in r.first_token_ids]
+        index = torch.tensor(row_index, device=logits.device), torch.tensor(tokens, device=logits.device)
+        values = rows[index].tolist()
+        start = 0
+        for r in requests:
+            end = start + len(r.first_token_ids)
+            result.first_token_logprobs[r.request_id] = values[start:end]
+            start = end
 
     @torch.inference_mode()
     def _profile_activation_bytes(self) -> int:

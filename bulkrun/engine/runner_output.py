@@ -14,3 +14,6 @@ class RunnerOutput:
     # request_id -> log-probabilities of token_ids[p + 1] for each computed position p of this chunk
     # with score_start <= p + 1 < len(token_ids), in position order (scoring requests only)
     score_logprobs: dict[str, list[float]] = field(default_factory=dict)
+    # request_id -> for a scoring parent whose last prompt token was computed this step: the
+    # log-probability of each continuation's first token after the prompt, in continuation order
+    first_token_logprobs: dict[str, list[float]] = field(default_factory=dict)

@@ -107,23 +107,28 @@ class Scheduler:
         return self._arrivals
 
     def _setup_scoring(self, parent: Request, continuations: list[list[int]]) -> None:
-        # The parent computes only the prompt's full blocks that every child can share: a child
-        # must recompute at least the last prompt token to get the first continuation logits.
+        # The parent computes the whole prompt; its last row scores every continuation's first
+        # token. Only longer continuations need a child, which scores cont[1:] on top of the
+        # parent's full blocks (recomputing the partial last block and cont[:-1]).
+        prompt_len = parent.num_prompt_tokens
         parent.kind = RequestKind.SCORE_PARENT
-        parent.compute_limit = (parent.num_prompt_tokens - 1) // self.block_size * self.block_size
+        parent.compute_limit = prompt_len
+        parent.first_token_ids = [int(cont[0]) for cont in continuations]
+        parent.continuation_lengths = [len(cont) for cont in continuations]
         parent.children = [
             Request(
                 self._unique_id(f"{parent.request_id}::cont{i}"),
                 parent.params,
                 parent.token_ids + [int(t) for t in cont],
-                parent.num_prompt_tokens,
+                prompt_len,
                 parent.arrival,
                 kind=RequestKind.SCORE_CHILD,
-                compute_limit=parent.num_prompt_tokens + len(cont) - 1,
-                score_start=parent.num_prompt_tokens,
+                compute_limit=prompt_len + len(cont) - 1,
+                score_start=prompt_len + 1,
                 parent=parent,
             )
             for i, cont in enumerate(continuations)
+            if len(cont) > 1
         ]
 
     def _unique_id(self, request_id: str) -> str:
@@ -238,6 +243,7 @@ class Scheduler:
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
         req.score_logprobs.clear()  # a scoring child recomputes (and rescores) from scratch
+        req.first_token_logprobs.clear()  # as does a scoring parent
         self.waiting.appendleft(req)
         self.num_preemptions += 1
         out.preempted.append(req)
@@ -278,10 +284,7 @@ class Scheduler:
                     return
                 continue
             self.waiting.popleft()
-            self._take_hits(req, hits, out)
-            if remaining == 0:  # a scoring parent whose shared blocks were all cached
-                self._fork(req)
-                continue
+            self._take_hits(req, hits, out)  # hits stop short of a row whose logits are needed
             self._grow(req, n)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
@@ -292,12 +295,10 @@ class Scheduler:
         logits are needed (the last one when generating, the scored ones) is recomputed."""
         if not self.pool.enable_prefix_caching:
             return []
-        if req.kind is RequestKind.GENERATE:
-            limit = len(req.token_ids) - 1
-        elif req.kind is RequestKind.SCORE_PARENT:
-            limit = req.compute_limit
-        else:
+        if req.kind is RequestKind.SCORE_CHILD:
             limit = req.score_start - 1
+        else:  # generating or scoring first tokens: the last prompt row is recomputed
+            limit = len(req.token_ids) - 1
         start, stop = len(req.block_table), limit // self.block_size
         if stop <= start:
             return []
@@ -318,13 +319,14 @@ class Scheduler:
         self.num_prefix_hit_tokens += hit_tokens
 
     def _fork(self, parent: Request) -> None:
-        """The parent's blocks now hold the shareable prompt prefix: hand them to the children
-        (by reference count, independent of the prefix cache) and queue the children first."""
-        shared = parent.block_table
+        """The parent's full blocks now hold the prompt prefix: hand them to the children (by
+        reference count, independent of the prefix cache) and queue the children first. The
+        partial last block is the parent's alone and is freed; each child recomputes it."""
+        shared = parent.block_table[: parent.num_computed_tokens // self.block_size]
         for child in parent.children:
             self.pool.share(shared)
             child.block_table = list(shared)
-            child.num_computed_tokens = parent.num_computed_tokens
+            child.num_computed_tokens = len(shared) * self.block_size
             child.num_hashed_blocks = len(shared)
         self._release_blocks(parent)
         parent.status = RequestStatus.FORKED
@@ -350,7 +352,7 @@ class Scheduler:
             elif req.kind is RequestKind.SCORE_CHILD:
                 self._add_scores(req, result, finished)
             elif req.kind is RequestKind.SCORE_PARENT and req.num_remaining_tokens == 0:
-                self._fork(req)
+                self._end_parent_prompt(req, result, finished)
             left_running = left_running or req.status is not RequestStatus.RUNNING
         if left_running:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
@@ -379,6 +381,14 @@ class Scheduler:
             return
         self._finish(req, reason)
         finished.append(req)
+
+    def _end_parent_prompt(self, parent: Request, result: RunnerOutput, finished: list[Request]) -> None:
+        parent.first_token_logprobs = result.first_token_logprobs[parent.request_id]
+        if parent.children:
+            self._fork(parent)
+        else:  # single-token continuations only: scored by the prompt alone
+            self._finish(parent, "scored")
+            finished.append(parent)
 
     def _add_scores(self, child: Request, result: RunnerOutput, finished: list[Request]) -> None:
         scores = result.score_logprobs.get(child.request_id)

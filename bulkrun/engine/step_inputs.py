@@ -7,7 +7,7 @@ Logits are requested only for rows that sample or score, so the LM head runs on 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,6 +30,9 @@ class StepInputs:
     logits_indices: torch.Tensor  # [N] int64: packed rows whose logits are needed
     sample_requests: list[Request]  # logits rows 0 .. len-1, in this order
     score_spans: list[ScoreSpan]  # rows after the sampled ones
+    # scoring parents whose last prompt row is computed this step: one logits row each, after the
+    # score spans' rows, to score every continuation's first token
+    first_token_requests: list[Request] = field(default_factory=list)
 
 
 def build_step_inputs(scheduled: list[ScheduledRequest], block_size: int) -> StepInputs:
@@ -39,6 +42,7 @@ def build_step_inputs(scheduled: list[ScheduledRequest], block_size: int) -> Ste
     sample_rows, sample_requests = [], []
     score_rows: list[int] = []
     spans: list[ScoreSpan] = []
+    first_rows, first_requests = [], []
     row = 0
     for item in scheduled:
         r, n = item.request, item.num_tokens
@@ -56,6 +60,9 @@ def build_step_inputs(scheduled: list[ScheduledRequest], block_size: int) -> Ste
             if hi > lo:
                 spans.append(ScoreSpan(r, len(score_rows), r.token_ids[lo + 1 : hi + 1]))
                 score_rows.extend(range(row + lo - start, row + hi - start))
+        if r.first_token_ids is not None and start + n == len(r.token_ids):
+            first_rows.append(row + n - 1)
+            first_requests.append(r)
         row += n
     for span in spans:
         span.first_row += len(sample_rows)
@@ -63,9 +70,10 @@ def build_step_inputs(scheduled: list[ScheduledRequest], block_size: int) -> Ste
     return StepInputs(
         input_ids=torch.tensor(ids, dtype=torch.long),
         metadata=metadata,
-        logits_indices=torch.tensor(sample_rows + score_rows, dtype=torch.long),
+        logits_indices=torch.tensor(sample_rows + score_rows + first_rows, dtype=torch.long),
         sample_requests=sample_requests,
         score_spans=spans,
+        first_token_requests=first_requests,
     )
 
 

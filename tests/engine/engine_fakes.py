@@ -106,6 +106,11 @@ class FakeRunner:
                 ]
                 if scores:
                     result.score_logprobs[req.request_id] = scores
+            if req.first_token_ids is not None and end == len(req.token_ids):
+                prefix = req.token_ids
+                result.first_token_logprobs[req.request_id] = [
+                    score_logprob(prefix, t) for t in req.first_token_ids
+                ]
         self.steps.append(record)
         return result
 

@@ -98,6 +98,26 @@ def test_scoring_request_returns_continuation_logprobs_in_order(make_engine):
     assert out.scores == pytest.approx([sum(reference_scores(prompt, c)) for c in conts])
 
 
+def test_single_token_scoring_runs_only_the_prompt_and_mixed_sets_fork_only_long_ones(make_engine):
+    engine, runner = make_engine(block_size=4)
+    prompt = list(range(1, 15))
+    single, mixed = [[20], [21], [22]], [[20], [30, 31], [22], [40, 41, 42]]
+    outs = engine.generate(
+        [
+            EngineRequest("one", prompt, continuations=single),
+            EngineRequest("mix", prompt, continuations=mixed),
+        ]
+    )
+    assert [o.continuation_logprobs for o in outs] == [
+        [reference_scores(prompt, c) for c in single],
+        [reference_scores(prompt, c) for c in mixed],
+    ]
+    computed = {rid for step in runner.steps for rid, *_ in step}
+    assert computed == {"one", "mix", "mix::cont1", "mix::cont3"}
+    # the single-token set cost exactly its prompt: 14 tokens, one chunk
+    assert [(start, n) for step in runner.steps for rid, start, n, _ in step if rid == "one"] == [(0, 14)]
+
+
 def test_request_that_can_never_fit_comes_back_as_an_error(make_engine):
     engine, _ = make_engine(num_blocks=4, block_size=4)
     outs = engine.generate([gen("big", range(1, 30)), gen("ok", [1, 2])])

@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import random
 
-from engine_fakes import RunnerOutput, reference_generation, reference_scores, run_to_completion
+from engine_fakes import (
+    RunnerOutput,
+    reference_generation,
+    reference_scores,
+    run_to_completion,
+    score_logprob,
+)
 
 from bulkrun.engine.params import EngineRequest, SamplingParams
 from bulkrun.engine.request import RequestStatus
@@ -177,50 +183,111 @@ def test_prefix_cache_off_recomputes_everything(make_scheduler):
     assert chunks(out) == [("again", 9, True)] and again.num_cached_tokens == 0
 
 
-def test_scoring_children_share_the_prompt_blocks(make_scheduler):
+def test_scoring_parent_computes_the_whole_prompt_and_forks_only_longer_continuations(make_scheduler):
     for caching in (True, False):
         sched, runner = make_scheduler(block_size=4, budget=64, caching=caching)
-        prompt = list(range(1, 11))  # 10 tokens: blocks 0 and 1 are shareable
+        prompt = list(range(1, 11))  # 10 tokens: blocks 0 and 1 are full, block 2 partial
         conts = [[40], [41, 42, 43], [44, 45]]
         parent = sched.add_request(EngineRequest("p", prompt, continuations=conts))
-        out, _ = step(sched, runner)
-        assert chunks(out) == [("p", 8, False)]  # only the shareable full blocks
-        shared = list(parent.block_table) or None
         out, finished = step(sched, runner)
-        assert parent.status is RequestStatus.FINISHED and finished == [parent]
-        children = parent.children
-        assert [c.request_id for c in children] == ["p::cont0", "p::cont1", "p::cont2"]
-        # each child computed the prompt's tail (2 tokens) and its continuation minus the last
-        assert chunks(out) == [("p::cont0", 2, False), ("p::cont1", 4, False), ("p::cont2", 3, False)]
-        assert shared is None  # the parent handed its blocks over
-        assert parent.finish_reason == "scored"
-        for child, cont in zip(children, conts, strict=True):
-            assert child.score_logprobs == reference_scores(prompt, cont)
+        assert chunks(out) == [("p", 10, False)] and finished == []
+        assert parent.first_token_logprobs == [score_logprob(prompt, c[0]) for c in conts]
+        assert [c.request_id for c in parent.children] == ["p::cont1", "p::cont2"]
+        assert parent.status is RequestStatus.FORKED
+        out, finished = step(sched, runner)
+        # each child recomputes the partial block (2 tokens) and its continuation but the last
+        assert chunks(out) == [("p::cont1", 4, False), ("p::cont2", 3, False)]
+        assert finished == [parent] and parent.finish_reason == "scored"
+        assert parent.continuation_logprobs() == [reference_scores(prompt, c) for c in conts]
         assert runner.pool.num_used_blocks == 0
 
 
-def test_scoring_fork_holds_shared_blocks_by_refcount(make_scheduler):
-    sched, runner = make_scheduler(block_size=4, budget=8, caching=False)
-    parent = sched.add_request(EngineRequest("p", list(range(1, 11)), continuations=[[40], [41]]))
-    step(sched, runner)  # parent computes blocks 0 and 1, then forks
-    a, b = parent.children
-    assert a.block_table == b.block_table and len(a.block_table) == 2
-    assert all(runner.pool.ref_counts[blk] == 2 for blk in a.block_table)
-    assert a.num_computed_tokens == 8 and a.score_start == 10
-    run_to_completion(sched, runner)
-    assert [a.score_logprobs, b.score_logprobs] == [
-        reference_scores(list(range(1, 11)), [40]),
-        reference_scores(list(range(1, 11)), [41]),
+def test_single_token_continuations_cost_a_prompt_and_fork_nothing(make_scheduler):
+    sched, runner = make_scheduler(block_size=4, budget=64)
+    prompt = list(range(1, 11))
+    conts = [[40], [41], [42]]
+    parent = sched.add_request(EngineRequest("p", prompt, continuations=conts))
+    out, finished = step(sched, runner)
+    assert chunks(out) == [("p", 10, False)] and finished == [parent]
+    assert parent.children == [] and parent.finish_reason == "scored"
+    assert parent.continuation_logprobs() == [reference_scores(prompt, c) for c in conts]
+    assert not sched.has_unfinished() and runner.pool.num_used_blocks == 0
+    assert not sched._live_ids
+
+
+def test_chunked_scoring_parent_scores_first_tokens_with_its_last_chunk(make_scheduler):
+    sched, runner = make_scheduler(block_size=4, budget=4)
+    prompt = list(range(1, 11))
+    parent = sched.add_request(EngineRequest("p", prompt, continuations=[[40], [41, 42]]))
+    finished = run_to_completion(sched, runner)
+    assert [s[0] for s in runner.steps] == [("p", 0, 4, False), ("p", 4, 4, False), ("p", 8, 2, False)] + [
+        ("p::cont1", 8, 3, False)
+    ]
+    assert finished == [parent]
+    assert parent.continuation_logprobs() == [
+        reference_scores(prompt, [40]),
+        reference_scores(prompt, [41, 42]),
     ]
 
 
-def test_short_scoring_prompt_forks_without_computing(make_scheduler):
+def test_scoring_fork_holds_shared_full_blocks_by_refcount(make_scheduler):
+    sched, runner = make_scheduler(block_size=4, budget=10, caching=False)
+    prompt = list(range(1, 11))
+    parent = sched.add_request(EngineRequest("p", prompt, continuations=[[40, 1], [41, 2], [42]]))
+    step(sched, runner)  # parent computes the whole prompt, then forks two children
+    a, b = parent.children
+    assert a.block_table == b.block_table and len(a.block_table) == 2
+    assert all(runner.pool.ref_counts[blk] == 2 for blk in a.block_table)
+    assert runner.pool.num_used_blocks == 2  # the parent's partial block went back
+    assert a.num_computed_tokens == 8 and a.score_start == 11
+    run_to_completion(sched, runner)
+    assert parent.continuation_logprobs() == [reference_scores(prompt, c) for c in ([40, 1], [41, 2], [42])]
+
+
+def test_block_aligned_scoring_prompt_children_compute_only_their_continuation(make_scheduler):
+    sched, runner = make_scheduler(block_size=4)
+    prompt = list(range(1, 9))  # exactly two blocks
+    parent = sched.add_request(EngineRequest("p", prompt, continuations=[[7, 8, 9]]))
+    step(sched, runner)
+    out, finished = step(sched, runner)
+    assert chunks(out) == [("p::cont0", 2, False)] and finished == [parent]
+    assert parent.continuation_logprobs() == [reference_scores(prompt, [7, 8, 9])]
+
+
+def test_short_scoring_prompt_child_recomputes_the_prompt(make_scheduler):
     sched, runner = make_scheduler(block_size=4)
     parent = sched.add_request(EngineRequest("p", [1, 2, 3], continuations=[[7, 8]]))
     out, _ = step(sched, runner)
+    assert chunks(out) == [("p", 3, False)]
+    out, _ = step(sched, runner)
     assert chunks(out) == [("p::cont0", 4, False)]
+    assert parent.continuation_logprobs() == [reference_scores([1, 2, 3], [7, 8])]
+
+
+def test_cached_scoring_prompt_still_recomputes_its_last_token(make_scheduler):
+    sched, runner = make_scheduler(block_size=4)
+    prompt = list(range(1, 9))
     run_to_completion(sched, runner)
-    assert parent.children[0].score_logprobs == reference_scores([1, 2, 3], [7, 8])
+    sched.add_request(gen("warm", prompt, max_tokens=1))
+    run_to_completion(sched, runner)
+    parent = sched.add_request(EngineRequest("p", prompt, continuations=[[40], [41]]))
+    out, finished = step(sched, runner)
+    assert chunks(out) == [("p", 4, False)] and out.num_prefix_hit_tokens == 4
+    assert finished == [parent]
+    assert parent.continuation_logprobs() == [reference_scores(prompt, [40]), reference_scores(prompt, [41])]
+
+
+def test_preempted_scoring_child_recomputes_and_scores_the_same(make_scheduler):
+    sched, runner = make_scheduler(num_blocks=5, block_size=4, budget=3)
+    g = sched.add_request(gen("g", [1, 2, 3], max_tokens=12))  # older: grows to 4 blocks
+    prompt, conts = [5, 6, 7, 8, 9], [[40, 41, 42, 43, 44, 45, 46, 47], [45]]
+    parent = sched.add_request(EngineRequest("p", prompt, continuations=conts))
+    finished = run_to_completion(sched, runner)
+    (child,) = parent.children
+    assert child.num_preemptions > 0 and sorted(r.request_id for r in finished) == ["g", "p"]
+    assert g.output_token_ids == reference_generation([1, 2, 3], 12)
+    assert parent.continuation_logprobs() == [reference_scores(prompt, c) for c in conts]
+    assert runner.pool.num_used_blocks == 0
 
 
 def test_scoring_too_long_fails(make_scheduler):
@@ -272,11 +339,13 @@ def test_random_workload_under_memory_pressure_matches_reference(make_scheduler)
                 expected[f"g{i}"] = reference_generation(prompt, n)
         finished = run_to_completion(sched, runner)
         got = {
-            r.request_id: [c.score_logprobs for c in r.children] if r.children else r.output_token_ids
+            r.request_id: r.continuation_logprobs() if r.first_token_ids else r.output_token_ids
             for r in finished
         }
         assert got == expected
         assert sched.num_preemptions > 0  # the pool really was too small
+        parents = [r for r in finished if r.first_token_ids]
+        assert any(p.num_preemptions for p in parents)  # a parent recomputed its prompt
         assert runner.pool.num_used_blocks == 0
         assert not sched._live_ids
 
