@@ -104,21 +104,23 @@ def main() -> None:
     gflops = matmul_gflops()
     run_bulkrun(engine, prompts[:4], 4)  # warm-up
     rows = []
-    secs, gen = run_bulkrun(engine, prompts, args.max_new)
-    rows.append(("bulkrun", secs, gen))
+
+    def record(name: str, result: tuple[float, int]) -> None:
+        rows.append((name, *result))  # printed as it lands: the slow peers take minutes
+        print(f"  {name:<48} {result[1]:>6} tokens in {result[0]:7.1f} s", flush=True)
+
+    record("bulkrun", run_bulkrun(engine, prompts, args.max_new))
     sub = prompts[: args.batch1_prompts]
     with torch.inference_mode():
-        rows.append(
-            (f"transformers generate, batch 1 ({len(sub)} prompts)",)
-            + run_hf_batch1(hf, sub, args.max_new, eos)
+        record(
+            f"transformers generate, batch 1 ({len(sub)} prompts)", run_hf_batch1(hf, sub, args.max_new, eos)
         )
-        rows.append(
-            ("transformers generate, static batch 16",)
-            + run_hf_static(hf, prompts, args.max_new, eos, pad_id)
+        record(
+            "transformers generate, static batch 16", run_hf_static(hf, prompts, args.max_new, eos, pad_id)
         )
-        rows.append(
-            ("transformers generate_batch (continuous)",)
-            + run_hf_generate_batch(hf, prompts, args.max_new, eos_id, pad_id)
+        record(
+            "transformers generate_batch (continuous)",
+            run_hf_generate_batch(hf, prompts, args.max_new, eos_id, pad_id),
         )
 
     rate = {name: gen / secs for name, secs, gen in rows}
