@@ -11,7 +11,7 @@ length sorting on vs off on the real engine.
    greedy, 16 new tokens, at most 8 running) through the real engine: tokens/s (median of
    --repeats alternating runs), engine steps and mean running batch.
 
-    .venv/bin/python bench/job_bench.py [--small 2000] [--large 200000] [--sort-rows 48] [--tiny]
+    .venv/bin/python bench/job_bench.py [--small 2000] [--large 200000] [--sort-rows 24] [--tiny]
 """
 
 from __future__ import annotations
