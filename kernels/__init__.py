@@ -1,11 +1,12 @@
-"""bulkrun's compute kernels: Triton for the GPU, plain PyTorch references for the CPU.
+"""bulkrun's compute kernels: Triton for the GPU, native C++ for the CPU, plain PyTorch references.
 
-    ops = get_ops("auto", device)          # or "triton" / "reference"
+    ops = get_ops("auto", device)          # or "triton" / "cpu" / "reference"
     ops.write_kv(k, v, k_cache, v_cache, slot_mapping)
     out = ops.paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
 
 Triton is imported lazily, only for the "triton" backend, so the reference path works on machines
-without it.
+without it. The "cpu" backend (kernels/cpu/*.cpp) is compiled once per machine on first use
+(cpu_build.py); "auto" on the CPU falls back to the references where that cannot be done.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 
-BACKENDS = ("auto", "triton", "reference")
+BACKENDS = ("auto", "triton", "cpu", "reference")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,31 +35,51 @@ def triton_available() -> bool:
 
 
 def resolve_backend(backend: str, device=None) -> str:
-    """'auto' -> 'triton' on CUDA when triton is installed, else 'reference'."""
+    """'auto' -> 'triton' on CUDA when triton is installed; on the CPU 'cpu' when the native kernels
+    build and load here, else 'reference'."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown kernel backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if backend != "auto":
         return backend
-    on_cuda = device is not None and str(device).startswith("cuda")
-    return "triton" if on_cuda and triton_available() else "reference"
+    if device is not None and str(device).startswith("cuda"):
+        return "triton" if triton_available() else "reference"
+    from . import cpu_build
+
+    return "cpu" if cpu_build.load() else "reference"
 
 
 def get_ops(backend: str = "auto", device=None) -> KernelOps:
     """The four ops (plus silu_and_mul) of one backend. `device` decides 'auto' and lets a forced
-    'triton' on the CPU fail here, before any work, rather than at the first step."""
+    'triton' on the CPU (or 'cpu' on CUDA) fail here, before any work, rather than at the first step."""
     backend = resolve_backend(backend, device)
     if backend == "reference":
         from . import reference
 
-        return KernelOps(
-            backend="reference",
-            paged_attention=reference.paged_attention,
-            write_kv=reference.write_kv,
-            rms_norm=reference.rms_norm,
-            rotary=reference.rotary,
-            silu_and_mul=reference.silu_and_mul,
-        )
+        return _ops_from("reference", reference)
+    if backend == "cpu":
+        return _cpu_ops(device)
     return _triton_ops(device)
+
+
+def _ops_from(backend: str, module) -> KernelOps:
+    return KernelOps(
+        backend=backend,
+        paged_attention=module.paged_attention,
+        write_kv=module.write_kv,
+        rms_norm=module.rms_norm,
+        rotary=module.rotary,
+        silu_and_mul=module.silu_and_mul,
+    )
+
+
+def _cpu_ops(device) -> KernelOps:
+    from . import cpu_build, cpu_ops
+
+    if device is not None and str(device) != "cpu" and not str(device).startswith("cpu"):
+        raise ValueError(f"kernel backend 'cpu' runs on the CPU, got device {device}; use 'auto' there")
+    if not cpu_build.load():
+        raise ValueError(f"kernel backend 'cpu' could not be built here: {cpu_build.load_error()}")
+    return _ops_from("cpu", cpu_ops)
 
 
 def _triton_ops(device) -> KernelOps:

@@ -85,7 +85,7 @@ ENGINE_OPTIONS = [
         "--prefix-cache/--no-prefix-cache",
         help="Reuse shared prompt prefixes (default: on).",
     ),
-    opt("kernels", str, "--kernels", help="auto | triton | reference."),
+    opt("kernels", str, "--kernels", help="auto | triton | cpu | reference."),
     opt("device", str, "--device", help="cpu or cuda (default: cuda if available)."),
     opt("dtype", str, "--dtype", help="float32 / bfloat16 / float16 (default: fp32 on CPU, bf16 on CUDA)."),
 ]

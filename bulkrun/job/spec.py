@@ -180,8 +180,8 @@ def validate(spec: JobSpec) -> None:
         parse_size(spec.kv_cache_mem)
     if spec.shard is not None:
         parse_shard(spec.shard)
-    if spec.kernels not in ("auto", "triton", "reference"):
-        raise UsageError(f"kernels must be auto, triton or reference, got {spec.kernels!r}")
+    if spec.kernels not in ("auto", "triton", "cpu", "reference"):
+        raise UsageError(f"kernels must be auto, triton, cpu or reference, got {spec.kernels!r}")
     if spec.prompt_template is not None:
         from bulkrun.tasks.base import template_fields
 

@@ -25,12 +25,14 @@ def checkpoint(request, tmp_path_factory):
     return build_tiny_model(request.param, folder), folder
 
 
-@pytest.fixture(params=["onednn", "plain"])
+@pytest.fixture(params=["onednn", "plain", "native-ops"])
 def models(request, checkpoint):
-    """Our model with the CPU's prepacked oneDNN linears, and with plain F.linear."""
+    """Our model with the CPU's prepacked oneDNN linears, with plain F.linear (both on the reference
+    ops), and with oneDNN linears on the CPU native ops."""
     hf, folder = checkpoint
-    ours = load_model(folder, get_ops("reference"), torch.float32, torch.device("cpu"))
-    if request.param == "onednn" and not pack_linears_for_cpu(ours):
+    backend = "cpu" if request.param == "native-ops" else "reference"
+    ours = load_model(folder, get_ops(backend), torch.float32, torch.device("cpu"))
+    if request.param != "plain" and not pack_linears_for_cpu(ours):
         pytest.skip("oneDNN is not available in this torch build")
     return hf, ours
 

@@ -1,0 +1,252 @@
+// Paged attention for the CPU, fp32: every sequence's new queries against its cached K/V, read in
+// place through the block table (no gathered copy), causal, grouped-query.
+//
+// Why native code: on the CPU decode attention is bound by memory traffic. The PyTorch reference
+// copies each sequence's K/V blocks into a contiguous buffer before SDPA reads them again; here every
+// K/V row is read where it lies, once per kv head, 16 keys at a time.
+//
+// Work item = (sequence, tile of up to kQueryTile new tokens), all heads. Items go to PyTorch's
+// intra-op threads longest-first from a shared counter, so the threads finish together.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "vec_math.h"
+
+namespace bulkrun_cpu {
+namespace {
+
+constexpr int64_t kQueryTile = 16;
+constexpr int64_t kKeys = 16;  // keys per score vector (one F16)
+
+struct Geometry {
+  int64_t num_q_heads, num_kv_heads, group, block_size, max_blocks;
+  int64_t q_stride_token, q_stride_head, out_stride_token, out_stride_head;
+  float scale;
+};
+
+struct WorkItem {
+  int32_t seq, q_begin, q_end;  // the tile: new tokens q_begin .. q_end-1 of the sequence
+  int64_t cost;
+};
+
+// Scores of `rows` query rows (NV vectors each) against up to 16 keys (rows[j] for j < n; the
+// others are never read) -> scores[r] (lane j = key j). Few rows (decode): 16 dot products per row, summed
+// by one shuffle tree. Many rows (a prompt chunk): transpose the 16 keys once, then each row is NV*16
+// broadcast-FMAs across all 16 keys, 8 rows at a time so the FMAs do not wait on each other.
+template <int NV>
+void score_keys(const F16* q, int64_t rows, const float* const* keys, int64_t n, F16* scores) {
+  if (rows < 6) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const F16* qr = q + r * NV;
+      F16 parts[kKeys];
+      for (int64_t j = 0; j < kKeys; ++j) {
+        if (j >= n) {  // past the last key: the slot may hold anything, never read it
+          parts[j] = F16{};
+          continue;
+        }
+        const float* kj = keys[j];
+        F16 part = load16(kj) * qr[0];
+        for (int c = 1; c < NV; ++c) part += load16(kj + 16 * c) * qr[c];
+        parts[j] = part;
+      }
+      scores[r] = sum_each(parts);
+    }
+    return;
+  }
+  F16 keys_t[NV][kKeys];  // keys_t[c][x] lane j = key j, dim 16c + x
+  for (int c = 0; c < NV; ++c) {
+    for (int64_t j = 0; j < kKeys; ++j) keys_t[c][j] = j < n ? load16(keys[j] + 16 * c) : F16{};
+    transpose16(keys_t[c]);
+  }
+  constexpr int64_t kRowBlock = 8;
+  for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
+    const int64_t m = std::min(kRowBlock, rows - r0);
+    F16 acc[kRowBlock] = {};
+    const float* qf = reinterpret_cast<const float*>(q + r0 * NV);
+    for (int c = 0; c < NV; ++c)
+      for (int x = 0; x < 16; ++x) {
+        const F16 k = keys_t[c][x];
+        for (int64_t i = 0; i < kRowBlock; ++i)
+          if (i < m) acc[i] += k * qf[i * NV * 16 + c * 16 + x];
+      }
+    for (int64_t i = 0; i < m; ++i) scores[r0 + i] = acc[i];
+  }
+}
+
+// One item, kv head by kv head, in two passes over that head's keys: all scores first (then one
+// max, one exp and one sum per row: no running rescale), then the probability-weighted values,
+// four rows at a time so each value row is loaded once for four rows. NV = head_dim / 16.
+// Rows are ordered (tile token, q head of this kv head's group).
+template <int NV>
+void run_item(const WorkItem& w, const Geometry& g, const float* q, const float* k_cache,
+              const float* v_cache, const int32_t* table, int64_t token0, int64_t new_tokens,
+              int64_t context, float* out) {
+  const int64_t tile = w.q_end - w.q_begin, group = g.group, rows = tile * group;
+  const int64_t key_stride = g.num_kv_heads * NV * 16;
+  const int64_t first_pos = context - new_tokens;  // position of new token 0
+  const int64_t num_keys = first_pos + w.q_end;    // the tile's last token sees keys 0 .. num_keys-1
+  const int64_t key_groups = (num_keys + kKeys - 1) / kKeys;
+
+  thread_local std::vector<F16> buffer;
+  buffer.resize(rows * NV + rows * key_groups + rows);
+  F16* q_rows = buffer.data();          // [rows][NV], pre-scaled
+  F16* probs = q_rows + rows * NV;      // [rows][key_groups]: scores, then probabilities
+  F16* group_scores = probs + rows * key_groups;  // [rows]: one key group's scores
+  std::vector<float> row_sum(rows);
+  const I16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  // the cache rows of keys key0 .. key0+n-1 for one kv head (any block size: a group may span blocks)
+  auto rows_of = [&](const float* cache, int64_t kvh, int64_t key0, int64_t n, const float** out_rows) {
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t key = key0 + j;
+      const int64_t slot = static_cast<int64_t>(table[key / g.block_size]) * g.block_size + key % g.block_size;
+      out_rows[j] = cache + slot * key_stride + kvh * NV * 16;
+    }
+  };
+
+  for (int64_t kvh = 0; kvh < g.num_kv_heads; ++kvh) {
+    for (int64_t i = 0, r = 0; i < tile; ++i)
+      for (int64_t h = 0; h < group; ++h, ++r) {
+        const float* src = q + (token0 + w.q_begin + i) * g.q_stride_token + (kvh * group + h) * g.q_stride_head;
+        for (int c = 0; c < NV; ++c) q_rows[r * NV + c] = load16(src + 16 * c) * g.scale;
+      }
+    // pass 1: scores, causally masked (a masked lane's probability is exactly 0)
+    for (int64_t kg = 0; kg < key_groups; ++kg) {
+      const int64_t key0 = kg * kKeys;
+      const int64_t n = std::min(kKeys, num_keys - key0);
+      const float* keys[kKeys];
+      rows_of(k_cache, kvh, key0, n, keys);
+      score_keys<NV>(q_rows, rows, keys, n, group_scores);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int32_t last_visible = static_cast<int32_t>(first_pos + w.q_begin + r / group - key0);
+        probs[r * key_groups + kg] =
+            lane <= last_visible ? group_scores[r] : splat(-std::numeric_limits<float>::infinity());
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      F16* pr = probs + r * key_groups;
+      F16 m = pr[0];
+      for (int64_t kg = 1; kg < key_groups; ++kg) m = select_max(m, pr[kg]);
+      const float row_max = lane_max(m);
+      F16 sum = F16{};
+      for (int64_t kg = 0; kg < key_groups; ++kg) {
+        const F16 s = pr[kg];
+        const F16 p = s > splat(-std::numeric_limits<float>::infinity()) ? vec_exp(s - row_max) : F16{};
+        pr[kg] = p;
+        sum += p;
+      }
+      row_sum[r] = lane_sum(sum);
+    }
+    // pass 2: out = probs . values, four rows per sweep over the values
+    constexpr int64_t kRows = 4;
+    for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
+      const int64_t m = std::min(kRows, rows - r0);
+      F16 acc[kRows][NV] = {};
+      for (int64_t kg = 0; kg < key_groups; ++kg) {
+        const int64_t key0 = kg * kKeys, n = std::min(kKeys, num_keys - key0);
+        const float* values[kKeys];
+        rows_of(v_cache, kvh, key0, n, values);
+        F16 p[kRows];
+        for (int64_t i = 0; i < kRows; ++i) p[i] = i < m ? probs[(r0 + i) * key_groups + kg] : F16{};
+        for (int64_t j = 0; j < n; ++j) {  // j < n: slots past the last key are never read
+          const float* vj = values[j];
+          F16 v[NV];
+          for (int c = 0; c < NV; ++c) v[c] = load16(vj + 16 * c);
+          for (int64_t i = 0; i < kRows; ++i)
+            for (int c = 0; c < NV; ++c) acc[i][c] += v[c] * p[i][j];
+        }
+      }
+      for (int64_t i = 0; i < m; ++i) {
+        const int64_t r = r0 + i, token = w.q_begin + r / group, h = kvh * group + r % group;
+        float* dst = out + (token0 + token) * g.out_stride_token + h * g.out_stride_head;
+        const float inv = 1.f / row_sum[r];
+        for (int c = 0; c < NV; ++c) store16(dst + 16 * c, acc[i][c] * inv);
+      }
+    }
+  }
+}
+
+template <int NV>
+void run_all(const std::vector<WorkItem>& items, const Geometry& g, const float* q, const float* k,
+             const float* v, const int32_t* tables, const int32_t* starts, const int32_t* lens, float* out) {
+  std::atomic<int64_t> next{0};
+  const int64_t count = static_cast<int64_t>(items.size());
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    for (int64_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) {
+      const WorkItem& w = items[i];
+      run_item<NV>(w, g, q, k, v, tables + w.seq * g.max_blocks, starts[w.seq],
+                   starts[w.seq + 1] - starts[w.seq], lens[w.seq], out);
+    }
+  });
+}
+
+}  // namespace
+
+
+void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                     const at::Tensor& block_tables, const at::Tensor& query_start_loc,
+                     const at::Tensor& seq_lens, double scale, at::Tensor& out) {
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat, "float32 only");
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [T, Hq, D] with contiguous heads");
+  TORCH_CHECK(out.sizes() == q.sizes() && out.stride(2) == 1, "out must match q");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "the KV cache must be contiguous");
+  TORCH_CHECK(block_tables.is_contiguous() && query_start_loc.is_contiguous() && seq_lens.is_contiguous(),
+              "block_tables, query_start_loc and seq_lens must be contiguous");
+  const int64_t head_dim = q.size(2);
+  Geometry g;
+  g.num_q_heads = q.size(1);
+  g.block_size = k_cache.size(1);
+  g.num_kv_heads = k_cache.size(2);
+  TORCH_CHECK(k_cache.size(3) == head_dim, "head_dim of q and the cache differ");
+  TORCH_CHECK(head_dim % 16 == 0 && head_dim <= 256, "head_dim must be a multiple of 16, at most 256");
+  TORCH_CHECK(g.num_q_heads % g.num_kv_heads == 0, "q heads must be a multiple of kv heads");
+  g.group = g.num_q_heads / g.num_kv_heads;
+  g.max_blocks = block_tables.size(1);
+  g.q_stride_token = q.stride(0);
+  g.q_stride_head = q.stride(1);
+  g.out_stride_token = out.stride(0);
+  g.out_stride_head = out.stride(1);
+  g.scale = static_cast<float>(scale);
+
+  const int64_t num_seqs = seq_lens.size(0);
+  const int32_t* starts = query_start_loc.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  std::vector<WorkItem> items;
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int32_t n = starts[s + 1] - starts[s];
+    TORCH_CHECK(n <= lens[s], "a sequence has more new tokens than context");
+    const int64_t needed = (lens[s] + g.block_size - 1) / g.block_size;
+    TORCH_CHECK(needed <= g.max_blocks, "block table too short");
+    const int32_t* row = block_tables.data_ptr<int32_t>() + s * g.max_blocks;
+    for (int64_t b = 0; b < needed; ++b)
+      TORCH_CHECK(row[b] >= 0 && row[b] < k_cache.size(0), "block id ", row[b], " is outside the cache");
+    for (int32_t q0 = 0; q0 < n; q0 += kQueryTile) {
+      const int32_t q1 = std::min<int32_t>(n, q0 + kQueryTile);
+      items.push_back({static_cast<int32_t>(s), q0, q1, int64_t(q1 - q0) * (lens[s] - n + q1)});
+    }
+  }
+  std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
+
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k_cache.data_ptr<float>();
+  const float* vp = v_cache.data_ptr<float>();
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  float* op = out.data_ptr<float>();
+  switch (head_dim / 16) {  // head sizes 16 .. 128, and 256
+#define BULKRUN_CASE(NV) \
+  case NV: run_all<NV>(items, g, qp, kp, vp, tables, starts, lens, op); break;
+    BULKRUN_CASE(1) BULKRUN_CASE(2) BULKRUN_CASE(3) BULKRUN_CASE(4) BULKRUN_CASE(5) BULKRUN_CASE(6)
+    BULKRUN_CASE(7) BULKRUN_CASE(8) BULKRUN_CASE(16)
+#undef BULKRUN_CASE
+    default: TORCH_CHECK(false, "head_dim ", head_dim, " is not supported by the CPU kernel");
+  }
+}
+
+}  // namespace bulkrun_cpu

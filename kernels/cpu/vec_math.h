@@ -1,0 +1,99 @@
+// Small math for the CPU kernels, written for the compiler's vector extensions: `F16` is one AVX-512
+// register of 16 floats (two AVX2 registers where AVX-512 is missing). The same templates work on
+// plain floats, so `#pragma omp simd` loops over them vectorize too.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace bulkrun_cpu {
+
+typedef float F16 __attribute__((vector_size(64)));
+typedef float F16Unaligned __attribute__((vector_size(64), aligned(4)));
+typedef int32_t I16 __attribute__((vector_size(64)));
+
+inline F16 load16(const float* p) { return *reinterpret_cast<const F16Unaligned*>(p); }
+inline void store16(float* p, F16 v) { *reinterpret_cast<F16Unaligned*>(p) = v; }
+inline F16 splat(float x) { return F16{} + x; }
+
+template <typename T>
+inline T select_max(T a, T b) { return a > b ? a : b; }
+template <typename T>
+inline T select_min(T a, T b) { return a < b ? a : b; }
+
+// exp(x) to ~1 ulp for x in [-87, 88] (Cephes expf). Inputs below -87 give exp(-87) ~ 1.6e-38:
+// callers that need an exact 0 (masked softmax lanes) select it themselves.
+template <typename T>
+inline T vec_exp(T x) {
+  x = select_min(select_max(x, T{} - 87.0f), T{} + 88.0f);
+  const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to the nearest integer
+  const T t = x * 1.44269504088896341f + magic;
+  const T n = t - magic;
+  const T r = x - n * 0.693359375f - n * -2.12194440e-4f;
+  T p = T{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const T y = p * r * r + r + 1.0f;
+  if constexpr (sizeof(T) == sizeof(float)) {
+    const int32_t e = __builtin_bit_cast(int32_t, t) - __builtin_bit_cast(int32_t, magic);
+    return y * __builtin_bit_cast(float, (e + 127) << 23);
+  } else {
+    const I16 e = __builtin_bit_cast(I16, t) - __builtin_bit_cast(int32_t, magic);
+    return y * __builtin_bit_cast(F16, (e + 127) << 23);
+  }
+}
+
+// Lane i of the result = the sum of the 16 lanes of v[i]. A shuffle tree that folds halves together
+// (8, 4, 2, 1 lanes): 15 two-shuffle folds for 16 dot products instead of 16 serial lane sums.
+inline F16 sum_each(const F16* v) {
+  const I16 lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+  const I16 lo4 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+  const I16 lo2 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
+  const I16 lo1 = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+  F16 w[8], x[4], y[2];
+  for (int k = 0; k < 8; ++k)
+    w[k] = __builtin_shuffle(v[2 * k], v[2 * k + 1], lo8) + __builtin_shuffle(v[2 * k], v[2 * k + 1], lo8 + 8);
+  for (int k = 0; k < 4; ++k)
+    x[k] = __builtin_shuffle(w[2 * k], w[2 * k + 1], lo4) + __builtin_shuffle(w[2 * k], w[2 * k + 1], lo4 + 4);
+  for (int k = 0; k < 2; ++k)
+    y[k] = __builtin_shuffle(x[2 * k], x[2 * k + 1], lo2) + __builtin_shuffle(x[2 * k], x[2 * k + 1], lo2 + 2);
+  return __builtin_shuffle(y[0], y[1], lo1) + __builtin_shuffle(y[0], y[1], lo1 + 1);
+}
+
+// In place: v[i][j] <- v[j][i] for a 16 x 16 block held in 16 vectors (four butterfly stages).
+inline void transpose16(F16* v) {
+  const I16 lo[4] = {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+                     {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
+                     {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
+                     {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}};
+  for (int stage = 0, b = 8; stage < 4; ++stage, b /= 2) {
+    const I16 hi = lo[stage] + b;
+    for (int i = 0; i < 16; ++i) {
+      if ((i / b) % 2 != 0) continue;
+      const F16 a = v[i], c = v[i + b];
+      v[i] = __builtin_shuffle(a, c, lo[stage]);
+      v[i + b] = __builtin_shuffle(a, c, hi);
+    }
+  }
+}
+
+inline float lane_max(F16 v) {
+  float m = v[0];
+  for (int i = 1; i < 16; ++i) m = m > v[i] ? m : v[i];
+  return m;
+}
+
+inline float lane_sum(F16 v) {
+  const I16 hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15};
+  const I16 hi4 = {4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7};
+  const I16 hi2 = {2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3};
+  v += __builtin_shuffle(v, hi8);
+  v += __builtin_shuffle(v, hi4);
+  v += __builtin_shuffle(v, hi2);
+  return v[0] + v[1];
+}
+
+}  // namespace bulkrun_cpu

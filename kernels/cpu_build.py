@@ -1,0 +1,132 @@
+"""Build and load the CPU native kernels (kernels/cpu/*.cpp) once per machine.
+
+The library is compiled on first use with the system C++ compiler ($CXX, else c++) against the
+installed torch, tuned for this CPU (-march=native), into $BULKRUN_CACHE_DIR/kernels/<key>/ (default
+~/.cache/bulkrun). The key hashes the sources, the torch version and the CPU's model and flags, so
+a changed source, a torch upgrade or a home directory shared by different machines triggers a fresh
+build rather than loading a stale or foreign one. Concurrent processes take a file lock: one
+compiles, the others wait and load its result.
+
+Where no compiler exists or the build fails, `load()` returns None and logs why once; the caller
+then runs the PyTorch references (slower, same results).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("bulkrun.kernels")
+SOURCE_DIR = Path(__file__).resolve().parent / "cpu"
+SOURCES = ("ops.cpp", "paged_attention.cpp")
+HEADERS = ("vec_math.h",)
+LIBRARY = "bulkrun_cpu.so"
+
+_state: dict[str, object] = {}  # "loaded": bool, "error": str
+
+
+def load() -> bool:
+    """True once torch.ops.bulkrun_cpu is usable in this process (building it if needed)."""
+    if "loaded" not in _state:
+        try:
+            torch.ops.load_library(str(build()))
+            _state["loaded"] = True
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            _state["loaded"], _state["error"] = False, str(exc)
+            log.warning("CPU native kernels unavailable (%s); using the PyTorch reference kernels", exc)
+    return bool(_state["loaded"])
+
+
+def load_error() -> str | None:
+    return _state.get("error")  # type: ignore[return-value]
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("BULKRUN_CACHE_DIR") or Path.home() / ".cache" / "bulkrun") / "kernels"
+
+
+def build() -> Path:
+    """The path of the built library, compiling it first when this machine has none yet."""
+    target_dir = cache_root() / _build_key()
+    target = target_dir / LIBRARY
+    if target.exists():
+        return target
+    target_dir.mkdir(parents=True, exist_ok=True)
+    with open(target_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one compiler per machine; the others wait for its result
+        if not target.exists():
+            _compile(target_dir, target)
+    return target
+
+
+def _compiler() -> str:
+    cxx = os.environ.get("CXX") or "c++"
+    if shutil.which(cxx) is None:
+        raise RuntimeError(f"no C++ compiler found ({cxx!r}); set CXX or install g++")
+    return cxx
+
+
+def _torch_dirs() -> tuple[list[str], str]:
+    root = Path(torch.__file__).resolve().parent
+    return [str(root / "include"), str(root / "include" / "torch" / "csrc" / "api" / "include")], str(
+        root / "lib"
+    )
+
+
+def _flags() -> list[str]:
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return ["-O3", "-march=native", "-std=c++20", "-fopenmp", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
+
+
+def _build_key() -> str:
+    h = hashlib.sha256()
+    for name in SOURCES + HEADERS:
+        h.update((SOURCE_DIR / name).read_bytes())
+    h.update(" ".join([torch.__version__, platform.machine(), sys.platform, *_flags()]).encode())
+    h.update(_cpu_signature().encode())
+    return h.hexdigest()[:16]
+
+
+def _cpu_signature() -> str:
+    """The CPU model and flags lines of /proc/cpuinfo (-march=native code is only valid there)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    wanted = ("model name", "flags", "Features", "CPU part")
+    return "\n".join(sorted({ln for ln in lines if ln.split(":")[0].strip() in wanted}))
+
+
+def _compile(target_dir: Path, target: Path) -> None:
+    cxx, (includes, lib_dir) = _compiler(), _torch_dirs()
+    log.info("compiling the CPU native kernels once for this machine (about 15 s)")
+    with tempfile.TemporaryDirectory(dir=target_dir) as tmp:
+        objects = [str(Path(tmp) / (name + ".o")) for name in SOURCES]
+        compile_cmds = [
+            [cxx, *_flags(), *(f"-I{i}" for i in includes), "-c", str(SOURCE_DIR / src), "-o", obj]
+            for src, obj in zip(SOURCES, objects, strict=True)
+        ]
+        with ThreadPoolExecutor(len(compile_cmds)) as pool:  # the sources compile in parallel
+            list(pool.map(_run, compile_cmds))  # re-raises the first failure
+        staged = Path(tmp) / LIBRARY
+        _run([cxx, "-shared", "-fopenmp", *objects, f"-L{lib_dir}", "-lc10", "-ltorch_cpu",
+              f"-Wl,-rpath,{lib_dir}", "-o", str(staged)])  # fmt: skip
+        os.replace(staged, target)  # atomic: a reader sees no library or a whole one
+
+
+def _run(cmd: list[str]) -> None:
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-12:]
+        raise RuntimeError(f"compiling the CPU kernels failed: {' '.join(cmd[:2])} ...\n" + "\n".join(tail))

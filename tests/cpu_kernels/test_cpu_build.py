@@ -1,0 +1,41 @@
+"""Building the CPU kernels: once per machine and source, and a clean fallback when it cannot be done."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from bulkrun_kernels import cpu_build, get_ops
+
+
+def test_cpu_backend_runs_the_native_ops():
+    ops = get_ops("cpu", "cpu")
+    assert ops.backend == "cpu"
+    assert ops.paged_attention.__module__ == "bulkrun_kernels.cpu_ops"
+    assert get_ops("auto", "cpu").backend == "cpu"
+
+
+def test_a_built_library_is_reused_not_rebuilt():
+    path = cpu_build.build()
+    before = path.stat().st_mtime_ns
+    assert cpu_build.build() == path and path.stat().st_mtime_ns == before
+
+
+def _child(code: str, tmp_path, **env) -> subprocess.CompletedProcess:
+    env = {**os.environ, "BULKRUN_CACHE_DIR": str(tmp_path), **env}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_without_a_compiler_auto_falls_back_and_cpu_names_the_reason(tmp_path):
+    code = (
+        "from bulkrun_kernels import get_ops\n"
+        "print(get_ops('auto', 'cpu').backend)\n"
+        "try:\n    get_ops('cpu', 'cpu')\nexcept ValueError as e:\n    print('refused:', e)\n"
+    )
+    done = _child(code, tmp_path, CXX="/nonexistent/c++")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "reference"
+    assert lines[1].startswith("refused: kernel backend 'cpu' could not be built here: no C++ compiler")
+    assert "using the PyTorch reference kernels" in done.stderr  # logged once, as a warning
