@@ -110,6 +110,14 @@ void run_item(const WorkItem& w, const Geometry& g, const float* q, const float*
       out_rows[j] = cache + slot * key_stride + kvh * NV * 16;
     }
   };
+  // ask for the next group's rows now, so they arrive while this group computes
+  auto prefetch_group = [&](const float* cache, int64_t kvh, int64_t key0) {
+    const int64_t n = std::min(kKeys, num_keys - key0);
+    const float* next[kKeys];
+    rows_of(cache, kvh, key0, n, next);
+    for (int64_t j = 0; j < n; ++j)
+      for (int c = 0; c < NV; ++c) __builtin_prefetch(next[j] + 16 * c, 0, 3);
+  };
 
   for (int64_t kvh = 0; kvh < g.num_kv_heads; ++kvh) {
     for (int64_t i = 0, r = 0; i < tile; ++i)
@@ -123,6 +131,7 @@ void run_item(const WorkItem& w, const Geometry& g, const float* q, const float*
       const int64_t n = std::min(kKeys, num_keys - key0);
       const float* keys[kKeys];
       rows_of(k_cache, kvh, key0, n, keys);
+      if (kg + 1 < key_groups) prefetch_group(k_cache, kvh, key0 + kKeys);
       score_keys<NV>(q_rows, rows, keys, n, group_scores);
       for (int64_t r = 0; r < rows; ++r) {
         const int32_t last_visible = static_cast<int32_t>(first_pos + w.q_begin + r / group - key0);
@@ -153,6 +162,7 @@ void run_item(const WorkItem& w, const Geometry& g, const float* q, const float*
         const int64_t key0 = kg * kKeys, n = std::min(kKeys, num_keys - key0);
         const float* values[kKeys];
         rows_of(v_cache, kvh, key0, n, values);
+        if (kg + 1 < key_groups) prefetch_group(v_cache, kvh, key0 + kKeys);
         F16 p[kRows];
         for (int64_t i = 0; i < kRows; ++i) p[i] = i < m ? probs[(r0 + i) * key_groups + kg] : F16{};
         for (int64_t j = 0; j < n; ++j) {  // j < n: slots past the last key are never read
