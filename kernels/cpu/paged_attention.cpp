@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "vec_math.h"
@@ -25,6 +26,7 @@ namespace {
 
 constexpr int64_t kQueryTile = 16;
 constexpr int64_t kKeys = 16;  // keys per score vector (one F16)
+constexpr int64_t kRowBlock = 8;  // query rows scored together against transposed keys
 
 struct Geometry {
   int64_t num_q_heads, num_kv_heads, group, block_size, max_blocks;
@@ -66,18 +68,16 @@ void score_keys(const F16* q, int64_t rows, const float* const* keys, int64_t n,
     for (int64_t j = 0; j < kKeys; ++j) keys_t[c][j] = j < n ? load16(keys[j] + 16 * c) : F16{};
     transpose16(keys_t[c]);
   }
-  constexpr int64_t kRowBlock = 8;
+  // q holds whole blocks of kRowBlock rows (zero rows pad the last), so no row is guarded
   for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
-    const int64_t m = std::min(kRowBlock, rows - r0);
     F16 acc[kRowBlock] = {};
     const float* qf = reinterpret_cast<const float*>(q + r0 * NV);
     for (int c = 0; c < NV; ++c)
       for (int x = 0; x < 16; ++x) {
         const F16 k = keys_t[c][x];
-        for (int64_t i = 0; i < kRowBlock; ++i)
-          if (i < m) acc[i] += k * qf[i * NV * 16 + c * 16 + x];
+        for (int64_t i = 0; i < kRowBlock; ++i) acc[i] += k * qf[i * NV * 16 + c * 16 + x];
       }
-    for (int64_t i = 0; i < m; ++i) scores[r0 + i] = acc[i];
+    for (int64_t i = 0; i < std::min(kRowBlock, rows - r0); ++i) scores[r0 + i] = acc[i];
   }
 }
 
@@ -96,9 +96,10 @@ void run_item(const WorkItem& w, const Geometry& g, const float* q, const float*
   const int64_t key_groups = (num_keys + kKeys - 1) / kKeys;
 
   thread_local std::vector<F16> buffer;
-  buffer.resize(rows * NV + rows * key_groups + rows);
-  F16* q_rows = buffer.data();          // [rows][NV], pre-scaled
-  F16* probs = q_rows + rows * NV;      // [rows][key_groups]: scores, then probabilities
+  const int64_t padded_rows = (rows + kRowBlock - 1) / kRowBlock * kRowBlock;
+  buffer.assign(padded_rows * NV + rows * key_groups + rows, F16{});
+  F16* q_rows = buffer.data();              // [padded_rows][NV], pre-scaled; pad rows stay 0
+  F16* probs = q_rows + padded_rows * NV;   // [rows][key_groups]: scores, then probabilities
   F16* group_scores = probs + rows * key_groups;  // [rows]: one key group's scores
   std::vector<float> row_sum(rows);
   const I16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
@@ -117,6 +118,33 @@ void run_item(const WorkItem& w, const Geometry& g, const float* q, const float*
     rows_of(cache, kvh, key0, n, next);
     for (int64_t j = 0; j < n; ++j)
       for (int c = 0; c < NV; ++c) __builtin_prefetch(next[j] + 16 * c, 0, 3);
+  };
+
+  // rows r0 .. r0+R-1 of kv head kvh: out = probs . values / row_sum, R rows per sweep over the values
+  // (R a compile-time constant, so the R x NV accumulators stay in registers)
+  auto weigh_values = [&](auto rows_per_sweep, int64_t r0, int64_t kvh) {
+    constexpr int64_t R = decltype(rows_per_sweep)::value;
+    F16 acc[R][NV] = {};
+    for (int64_t kg = 0; kg < key_groups; ++kg) {
+      const int64_t key0 = kg * kKeys, n = std::min(kKeys, num_keys - key0);
+      const float* values[kKeys];
+      rows_of(v_cache, kvh, key0, n, values);
+      if (kg + 1 < key_groups) prefetch_group(v_cache, kvh, key0 + kKeys);
+      F16 p[R];
+      for (int64_t i = 0; i < R; ++i) p[i] = probs[(r0 + i) * key_groups + kg];
+      for (int64_t j = 0; j < n; ++j) {  // j < n: slots past the last key are never read
+        F16 v[NV];
+        for (int c = 0; c < NV; ++c) v[c] = load16(values[j] + 16 * c);
+        for (int64_t i = 0; i < R; ++i)
+          for (int c = 0; c < NV; ++c) acc[i][c] += v[c] * p[i][j];
+      }
+    }
+    for (int64_t i = 0; i < R; ++i) {
+      const int64_t r = r0 + i, token = w.q_begin + r / group, h = kvh * group + r % group;
+      float* dst = out + (token0 + token) * g.out_stride_token + h * g.out_stride_head;
+      const float inv = 1.f / row_sum[r];
+      for (int c = 0; c < NV; ++c) store16(dst + 16 * c, acc[i][c] * inv);
+    }
   };
 
   for (int64_t kvh = 0; kvh < g.num_kv_heads; ++kvh) {
@@ -153,31 +181,13 @@ void run_item(const WorkItem& w, const Geometry& g, const float* q, const float*
       }
       row_sum[r] = lane_sum(sum);
     }
-    // pass 2: out = probs . values, four rows per sweep over the values
-    constexpr int64_t kRows = 4;
-    for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
-      const int64_t m = std::min(kRows, rows - r0);
-      F16 acc[kRows][NV] = {};
-      for (int64_t kg = 0; kg < key_groups; ++kg) {
-        const int64_t key0 = kg * kKeys, n = std::min(kKeys, num_keys - key0);
-        const float* values[kKeys];
-        rows_of(v_cache, kvh, key0, n, values);
-        if (kg + 1 < key_groups) prefetch_group(v_cache, kvh, key0 + kKeys);
-        F16 p[kRows];
-        for (int64_t i = 0; i < kRows; ++i) p[i] = i < m ? probs[(r0 + i) * key_groups + kg] : F16{};
-        for (int64_t j = 0; j < n; ++j) {  // j < n: slots past the last key are never read
-          const float* vj = values[j];
-          F16 v[NV];
-          for (int c = 0; c < NV; ++c) v[c] = load16(vj + 16 * c);
-          for (int64_t i = 0; i < kRows; ++i)
-            for (int c = 0; c < NV; ++c) acc[i][c] += v[c] * p[i][j];
-        }
-      }
-      for (int64_t i = 0; i < m; ++i) {
-        const int64_t r = r0 + i, token = w.q_begin + r / group, h = kvh * group + r % group;
-        float* dst = out + (token0 + token) * g.out_stride_token + h * g.out_stride_head;
-        const float inv = 1.f / row_sum[r];
-        for (int c = 0; c < NV; ++c) store16(dst + 16 * c, acc[i][c] * inv);
+    // pass 2: out = probs . values, up to four rows per sweep over the values
+    for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+      switch (std::min<int64_t>(4, rows - r0)) {
+        case 1: weigh_values(std::integral_constant<int64_t, 1>{}, r0, kvh); break;
+        case 2: weigh_values(std::integral_constant<int64_t, 2>{}, r0, kvh); break;
+        case 3: weigh_values(std::integral_constant<int64_t, 3>{}, r0, kvh); break;
+        default: weigh_values(std::integral_constant<int64_t, 4>{}, r0, kvh); break;
       }
     }
   }
