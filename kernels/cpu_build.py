@@ -70,6 +70,14 @@ def build() -> Path:
     return target
 
 
+def compiler_available() -> bool:
+    try:
+        _compiler()
+    except RuntimeError:
+        return False
+    return True
+
+
 def _compiler() -> str:
     cxx = os.environ.get("CXX") or "c++"
     if shutil.which(cxx) is None:

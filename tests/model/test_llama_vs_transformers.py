@@ -13,7 +13,7 @@ from bulkrun.engine.scheduler import ScheduledRequest
 from bulkrun.engine.step_inputs import build_step_inputs
 from bulkrun.model.linear import pack_linears_for_cpu
 from bulkrun.model.loader import load_model
-from bulkrun_kernels import get_ops
+from bulkrun_kernels import cpu_build, get_ops
 from bulkrun_kernels.reference import plan_attention
 
 BLOCK_SIZE = 4
@@ -31,6 +31,8 @@ def models(request, checkpoint):
     ops), and with oneDNN linears on the CPU native ops."""
     hf, folder = checkpoint
     backend = "cpu" if request.param == "native-ops" else "reference"
+    if backend == "cpu" and not cpu_build.load():  # no compiler here; tests/cpu_kernels says so
+        pytest.skip(f"CPU native kernels unavailable: {cpu_build.load_error()}")
     ours = load_model(folder, get_ops(backend), torch.float32, torch.device("cpu"))
     if request.param != "plain" and not pack_linears_for_cpu(ours):
         pytest.skip("oneDNN is not available in this torch build")
