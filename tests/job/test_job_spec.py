@@ -53,6 +53,7 @@ def test_unknown_key_is_named_with_a_suggestion(tmp_path):
         ('input = "a.jsonl"\nkv_cache_mem = "lots"\n', "invalid size"),
         ('input = "a.jsonl"\nprompt_template = "{a.b}"\n', "plain"),
         ('input = "a.jsonl"\nshard = "4/4"\n', "shard"),
+        ('input = "a.jsonl"\nkernels = "cutlass"\n', "kernels must be auto, triton, cpu or reference"),
         ('task = "nope"\ninput = "a.jsonl"\n', "unknown task 'nope'"),
         ("input = \n", "not valid TOML"),
     ],
@@ -84,3 +85,8 @@ def test_value_parsers():
     assert parse_size("2GiB") == 2 * 2**30 and parse_size("512MB") == 512 * 10**6 and parse_size(4096) == 4096
     with pytest.raises(UsageError):
         parse_checkpoint("0")
+
+
+@pytest.mark.parametrize("backend", ["auto", "triton", "cpu", "reference"])
+def test_every_kernel_backend_is_accepted(tmp_path, backend):
+    assert spec_from_file(_write(tmp_path, f'input = "a.jsonl"\nkernels = "{backend}"\n')).kernels == backend
