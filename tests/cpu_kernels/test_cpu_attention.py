@@ -114,3 +114,9 @@ def test_other_dtypes_use_the_reference():
     got = cpu_ops.paged_attention(*clean, tables, starts, lens, 0.2)
     want = reference.paged_attention(*clean, tables, starts, lens, 0.2)
     assert torch.equal(got, want)
+
+
+def test_scores_spread_far_apart_as_with_an_attention_sink():
+    # q scaled up: scores span hundreds, so most probabilities underflow next to the largest one
+    q, k_cache, v_cache, tables, starts, lens = make_batch([1, 24], [300, 24], seed=5)
+    check((q * 40, k_cache, v_cache, tables, starts, lens))
