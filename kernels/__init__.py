@@ -75,7 +75,7 @@ def _ops_from(backend: str, module) -> KernelOps:
 def _cpu_ops(device) -> KernelOps:
     from . import cpu_build, cpu_ops
 
-    if device is not None and str(device) != "cpu" and not str(device).startswith("cpu"):
+    if device is not None and not str(device).startswith("cpu"):
         raise ValueError(f"kernel backend 'cpu' runs on the CPU, got device {device}; use 'auto' there")
     if not cpu_build.load():
         raise ValueError(f"kernel backend 'cpu' could not be built here: {cpu_build.load_error()}")

@@ -103,13 +103,15 @@ void run_item(const WorkItem& w, const Geometry& g, const float* q, const float*
   F16* group_scores = probs + rows * key_groups;  // [rows]: one key group's scores
   std::vector<float> row_sum(rows);
   const I16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  // the cache rows of keys key0 .. key0+n-1 for one kv head (any block size: a group may span blocks)
+  // where each key's row starts in the cache, looked up in the block table once per item (any block
+  // size: a group of 16 keys may span blocks); + kv head * head_dim selects the head
+  thread_local std::vector<int64_t> key_offset;
+  key_offset.resize(num_keys);
+  for (int64_t key = 0; key < num_keys; ++key)
+    key_offset[key] = (static_cast<int64_t>(table[key / g.block_size]) * g.block_size + key % g.block_size) * key_stride;
+  const int64_t* offsets = key_offset.data();  // a plain pointer: each thread_local use costs a TLS lookup
   auto rows_of = [&](const float* cache, int64_t kvh, int64_t key0, int64_t n, const float** out_rows) {
-    for (int64_t j = 0; j < n; ++j) {
-      const int64_t key = key0 + j;
-      const int64_t slot = static_cast<int64_t>(table[key / g.block_size]) * g.block_size + key % g.block_size;
-      out_rows[j] = cache + slot * key_stride + kvh * NV * 16;
-    }
+    for (int64_t j = 0; j < n; ++j) out_rows[j] = cache + offsets[key0 + j] + kvh * NV * 16;
   };
   // ask for the next group's rows now, so they arrive while this group computes
   auto prefetch_group = [&](const float* cache, int64_t kvh, int64_t key0) {
