@@ -94,7 +94,7 @@ def _triton_ops(device) -> KernelOps:
     interpreted = type(_paged_attention_kernel).__name__ == "InterpretedFunction"
     if device is not None and not str(device).startswith("cuda") and not interpreted:
         raise ValueError(
-            f"kernel backend 'triton' needs a CUDA device, got {device}; use 'reference' (or 'auto') there"
+            f"kernel backend 'triton' needs a CUDA device, got {device}; use 'auto', 'cpu' or 'reference' there"
         )
     return KernelOps(
         backend="triton",
