@@ -29,8 +29,9 @@ import torch
 
 log = logging.getLogger("bulkrun.kernels")
 SOURCE_DIR = Path(__file__).resolve().parent / "cpu"
-SOURCES = ("ops.cpp", "paged_attention.cpp")
-HEADERS = ("vec_math.h",)
+# every source and header of kernels/cpu: a new kernel file joins the build (and its hash) by existing
+SOURCES = tuple(sorted(p.name for p in SOURCE_DIR.glob("*.cpp")))
+HEADERS = tuple(sorted(p.name for p in SOURCE_DIR.glob("*.h")))
 LIBRARY = "bulkrun_cpu.so"
 
 _state: dict[str, object] = {}  # "loaded": bool, "error": str
