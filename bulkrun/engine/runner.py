@@ -12,6 +12,7 @@ from bulkrun.engine.runner_output import RunnerOutput
 from bulkrun.engine.sampler import Sampler
 from bulkrun.engine.scheduler import SchedulerOutput
 from bulkrun.engine.step_inputs import StepInputs, build_step_inputs
+from bulkrun.model.greedy_head import build_greedy_head
 from bulkrun.model.linear import pack_linears_for_cpu
 from bulkrun.model.loader import load_model
 from bulkrun_kernels import get_ops
@@ -36,6 +37,8 @@ class ModelRunner:
             keep_freed_memory()
         self.ops = get_ops(config.kernels, self.device)
         self.model = load_model(model_dir, self.ops, self.dtype, self.device)
+        # greedy rows without logprobs: exact argmax from a bf16 screen (None where that is not faster)
+        self.greedy_head = build_greedy_head(self.model, self.device, self.dtype, self.ops.backend)
         self.onednn = self.device.type == "cpu" and pack_linears_for_cpu(self.model)
         cfg = self.model.cfg
         self.vocab_size = cfg.vocab_size
@@ -62,11 +65,22 @@ class ModelRunner:
         if not out.scheduled:
             return result
         inputs = self._to_device(build_step_inputs(out.scheduled, self.block_size))
-        logits = self.model(inputs.input_ids, inputs.metadata, self.kv_cache.layers, inputs.logits_indices)
-        self._sample(inputs, logits, result)
-        self._score(inputs, logits, result)
+        h = self.model.final_hidden(
+            inputs.input_ids, inputs.metadata, self.kv_cache.layers, inputs.logits_indices
+        )
+        screened = self._screened_rows(inputs)
+        tokens = self.greedy_head(h[screened]).tolist() if screened else []
+        logits = self.model.logits(_without_rows(h, screened))  # every other row, in order
+        self._sample(inputs, logits, dict(zip(screened, tokens, strict=True)), result)
+        self._score(inputs, logits, len(screened), result)
         self._score_first_tokens(inputs, logits, result)
         return result
+
+    def _screened_rows(self, inputs: StepInputs) -> list[int]:
+        """The sample rows the greedy head answers: greedy and no log-probability asked."""
+        if self.greedy_head is None:
+            return []
+        return [i for i, r in enumerate(inputs.sample_requests) if r.params.greedy and not r.params.logprobs]
 
     def _to_device(self, inputs: StepInputs) -> StepInputs:
         md = inputs.metadata
@@ -80,25 +94,32 @@ class ModelRunner:
             md.plan = plan_attention(md.block_tables, query_start_loc, seq_lens, self.block_size, self.dtype)
         return inputs
 
-    def _sample(self, inputs: StepInputs, logits: torch.Tensor, result: RunnerOutput) -> None:
+    def _sample(
+        self, inputs: StepInputs, logits: torch.Tensor, screened: dict[int, int], result: RunnerOutput
+    ) -> None:
+        """screened: sample row -> the greedy head's token; the other sample rows are logits' first rows."""
         requests = inputs.sample_requests
-        if not requests:
-            return
-        params = [r.params for r in requests]
-        output_indices = [r.num_output_tokens for r in requests]
-        tokens, logprobs = self.sampler(logits[: len(requests)], params, output_indices)
-        for i, (r, token) in enumerate(zip(requests, tokens, strict=True)):
-            result.sampled[r.request_id] = token
+        rest = [i for i in range(len(requests)) if i not in screened]
+        tokens, logprobs = dict(screened), {}
+        if rest:
+            params = [requests[i].params for i in rest]
+            output_indices = [requests[i].num_output_tokens for i in rest]
+            drawn, row_logprobs = self.sampler(logits[: len(rest)], params, output_indices)
+            tokens.update(zip(rest, drawn, strict=True))
+            logprobs = {rest[j]: value for j, value in row_logprobs.items()}
+        for i, r in enumerate(requests):
+            result.sampled[r.request_id] = tokens[i]
             if i in logprobs:
                 result.sampled_logprobs[r.request_id] = logprobs[i]
 
-    def _score(self, inputs: StepInputs, logits: torch.Tensor, result: RunnerOutput) -> None:
+    def _score(self, inputs: StepInputs, logits: torch.Tensor, screened: int, result: RunnerOutput) -> None:
         spans = inputs.score_spans
         if not spans:
             return
         first = spans[0].first_row
         targets = torch.tensor([t for s in spans for t in s.targets], device=logits.device)
-        rows = logits[first : first + len(targets)].log_softmax(dim=-1)
+        at = first - screened  # the screened rows precede every scoring row and have no logits
+        rows = logits[at : at + len(targets)].log_softmax(dim=-1)
         values = rows.gather(1, targets[:, None]).squeeze(1).tolist()
         for s in spans:
             start = s.first_row - first
@@ -150,3 +171,11 @@ class ModelRunner:
         del scratch, logits, inputs
         torch.cuda.empty_cache()
         return peak
+
+
+def _without_rows(h: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    if not rows:
+        return h
+    keep = torch.ones(h.shape[0], dtype=torch.bool, device=h.device)
+    keep[rows] = False
+    return h[keep]

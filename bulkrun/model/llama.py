@@ -104,11 +104,21 @@ class LlamaForCausalLM(nn.Module):
         logits_indices: torch.Tensor,
     ) -> torch.Tensor:
         """Run the packed step; return fp32 logits [len(logits_indices), vocab] for those rows only."""
+        return self.logits(self.final_hidden(input_ids, md, kv_caches, logits_indices))
+
+    def final_hidden(self, input_ids, md: AttentionMetadata, kv_caches, logits_indices) -> torch.Tensor:
+        """Run the packed step; return the LM head's input (the final normed hidden state) for the
+        logits_indices rows only, [len(logits_indices), hidden]."""
         x, residual = F.embedding(input_ids, self.embed_tokens), None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x, residual = layer(self.ops, x, residual, md, self.cos_sin_cache, k_cache, v_cache)
         if logits_indices.numel() == 0:
-            return torch.empty(0, self.cfg.vocab_size, dtype=torch.float32, device=x.device)
+            return x[:0]
         x, residual = x.index_select(0, logits_indices), residual.index_select(0, logits_indices)
-        h, _ = self.ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps, residual)
+        return self.ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps, residual)[0]
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """fp32 logits [N, vocab] of final hidden rows h [N, hidden]."""
+        if h.shape[0] == 0:
+            return torch.empty(0, self.cfg.vocab_size, dtype=torch.float32, device=h.device)
         return self.lm_head(h).float()
