@@ -1,0 +1,85 @@
+"""The LM head of a greedy decode step on the CPU: the full fp32 head against the screened greedy head.
+
+The rows are the final hidden rows of a real decode step of the engine bench's workload (default
+model, 48 chat prompts, greedy), so the screen sees real logit distributions. Prints medians in ms
+and checks that both heads pick the same tokens.
+
+    .venv/bin/python bench/lm_head_bench.py [--prompts 48] [--repeats 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from workload import chat_prompts  # noqa: E402
+
+from bulkrun.engine.config import EngineConfig  # noqa: E402
+from bulkrun.engine.engine import Engine  # noqa: E402
+from bulkrun.engine.params import EngineRequest, SamplingParams  # noqa: E402
+from bulkrun.model_source import resolve_model  # noqa: E402
+
+
+def decode_rows(engine: Engine, prompts: list[list[int]]) -> torch.Tensor:
+    """The greedy head's input at the first step where every request decodes (prompts arrive in
+    chunks over several steps, so that takes a few tokens)."""
+    head, seen = engine.runner.greedy_head, []
+    engine.runner.greedy_head = lambda h: seen.append(h.clone()) or head(h)
+    try:
+        engine.generate(
+            [
+                EngineRequest(f"r{i}", p, SamplingParams(max_tokens=16, ignore_eos=True))
+                for i, p in enumerate(prompts)
+            ]
+        )
+    finally:
+        engine.runner.greedy_head = head
+    return next(h for h in seen if h.shape[0] == len(prompts))
+
+
+def median_ms(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--prompts", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=50)
+    args = parser.parse_args()
+    engine = Engine.from_model(str(resolve_model(None)), EngineConfig())
+    runner = engine.runner
+    if runner.greedy_head is None:
+        sys.exit("no screened greedy head here (needs the native CPU kernels and native bf16)")
+    h = decode_rows(engine, chat_prompts(runner.tokenizer, n=args.prompts))
+    head = runner.greedy_head
+    assert torch.equal(head(h), runner.model.logits(h).argmax(dim=-1)), "the heads disagree"
+    bf16 = lambda: torch.ops.mkldnn._linear_pointwise(h.bfloat16(), head.packed, None, "none", [], "")  # noqa: E731
+    approx = bf16()
+    rows = {
+        "fp32 head (oneDNN)": lambda: runner.model.logits(h),
+        "fp32 head + argmax": lambda: runner.model.logits(h).argmax(dim=-1),
+        "bf16 product": bf16,
+        "screen + exact check": lambda: torch.ops.bulkrun_cpu.greedy_head(approx, h, head.weight, head.norms),
+        "screened greedy head": lambda: head(h),
+    }
+    print(
+        f"LM head, {h.shape[0]} rows x {h.shape[1]} -> {runner.vocab_size}, {torch.get_num_threads()} threads"
+    )
+    for name, fn in rows.items():
+        print(f"  {name:<22} {median_ms(fn, args.repeats):7.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
