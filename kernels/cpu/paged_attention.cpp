@@ -119,7 +119,7 @@ void run_item(const WorkItem& w, const Geometry& g, const float* q, const float*
     const float* next[kKeys];
     rows_of(cache, kvh, key0, n, next);
     for (int64_t j = 0; j < n; ++j)
-      for (int c = 0; c < NV; ++c) __builtin_prefetch(next[j] + 16 * c, 0, 3);
+      for (int c = 0; c < NV; ++c) prefetch_l1(next[j] + 16 * c);
   };
 
   // rows r0 .. r0+R-1 of kv head kvh: out = probs . values / row_sum, R rows per sweep over the values

@@ -16,6 +16,16 @@ inline F16 load16(const float* p) { return *reinterpret_cast<const F16Unaligned*
 inline void store16(float* p, F16 v) { *reinterpret_cast<F16Unaligned*>(p) = v; }
 inline F16 splat(float x) { return F16{} + x; }
 
+// A software prefetch into L1 that the compiler keeps: GCC deletes a loop whose body is only
+// __builtin_prefetch calls (it counts them as free of side effects), so x86 gets the instruction itself.
+inline void prefetch_l1(const void* p) {
+#if defined(__x86_64__)
+  asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
+#else
+  __builtin_prefetch(p, 0, 3);
+#endif
+}
+
 template <typename T>
 inline T select_max(T a, T b) { return a > b ? a : b; }
 template <typename T>
