@@ -24,7 +24,7 @@
 namespace bulkrun_cpu {
 namespace {
 
-constexpr int64_t kQueryTile = 16;
+constexpr int64_t kQueryTile = 32;
 constexpr int64_t kKeys = 16;  // keys per score vector (one F16)
 constexpr int64_t kRowBlock = 8;  // query rows scored together against transposed keys
 
