@@ -107,14 +107,24 @@ def _build_key() -> str:
     return h.hexdigest()[:16]
 
 
+def cpu_flags() -> frozenset[str]:
+    """The instruction-set flags /proc/cpuinfo lists (empty where there is none)."""
+    lines = _cpuinfo_lines(("flags", "Features"))
+    return frozenset(flag for ln in lines for flag in ln.split(":", 1)[-1].split())
+
+
 def _cpu_signature() -> str:
     """The CPU model and flags lines of /proc/cpuinfo (-march=native code is only valid there)."""
+    lines = _cpuinfo_lines(("model name", "flags", "Features", "CPU part"))
+    return "\n".join(sorted(set(lines))) if lines else platform.processor()
+
+
+def _cpuinfo_lines(keys: tuple[str, ...]) -> list[str]:
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        return platform.processor()
-    wanted = ("model name", "flags", "Features", "CPU part")
-    return "\n".join(sorted({ln for ln in lines if ln.split(":")[0].strip() in wanted}))
+        return []
+    return [ln for ln in lines if ln.split(":")[0].strip() in keys]
 
 
 def _compile(target_dir: Path, target: Path) -> None:

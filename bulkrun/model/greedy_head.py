@@ -9,11 +9,10 @@ so the token is exactly the fp32 head's argmax. Where bf16 is emulated it would 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from bulkrun.model.linear import onednn_available
+from bulkrun_kernels.cpu_build import cpu_flags
 from bulkrun_kernels.cpu_greedy import row_norms, screened_argmax
 
 _BATCH_HINT = 64  # oneDNN's packing hint: decode steps run tens of rows
@@ -48,8 +47,4 @@ def native_bf16() -> bool:
     """oneDNN runs bf16 here on native dot-product instructions (not emulated)."""
     if not (onednn_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
         return False
-    try:
-        flags = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags"))
-    except (OSError, StopIteration):
-        return False
-    return any(f in flags.split() for f in _NATIVE_BF16_FLAGS)
+    return not cpu_flags().isdisjoint(_NATIVE_BF16_FLAGS)

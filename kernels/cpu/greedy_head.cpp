@@ -27,7 +27,9 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#ifdef __AVX512F__
 #include <immintrin.h>
+#endif
 
 #include <cmath>
 #include <limits>
