@@ -81,6 +81,35 @@ void score_keys(const F16* q, int64_t rows, const float* const* keys, int64_t n,
   }
 }
 
+// Where each key's row (every kv head side by side) starts in the cache, looked up in the block table
+// once per item (any block size: a group of 16 keys may span blocks). Valid until the thread's next
+// call; a plain pointer, as each use of a thread_local costs a TLS lookup.
+inline const int64_t* key_row_offsets(const int32_t* table, int64_t block_size, int64_t num_keys,
+                                      int64_t key_stride) {
+  thread_local std::vector<int64_t> offsets;
+  offsets.resize(num_keys);
+  for (int64_t key = 0; key < num_keys; ++key)
+    offsets[key] = (static_cast<int64_t>(table[key / block_size]) * block_size + key % block_size) * key_stride;
+  return offsets.data();
+}
+
+// One row's masked scores -> unnormalized probabilities in place; returns their sum.
+inline float softmax_row(F16* pr, int64_t key_groups) {
+  F16 m = pr[0];
+  for (int64_t kg = 1; kg < key_groups; ++kg) m = select_max(m, pr[kg]);
+  const float row_max = lane_max(m);
+  F16 sum = F16{};
+  for (int64_t kg = 0; kg < key_groups; ++kg) {
+    // below e^-87 a probability is exactly 0: invisible next to the row's largest term (1), and
+    // it keeps subnormal products (slow on most CPUs) out of the value sums
+    const F16 shifted = pr[kg] - row_max;
+    const F16 p = shifted > splat(-87.0f) ? vec_exp(shifted) : F16{};
+    pr[kg] = p;
+    sum += p;
+  }
+  return lane_sum(sum);
+}
+
 // One item, kv head by kv head, in two passes over that head's keys: all scores first (then one
 // max, one exp and one sum per row: no running rescale), then the probability-weighted values,
 // four rows at a time so each value row is loaded once for four rows. NV = head_dim / 16.
@@ -103,13 +132,8 @@ void run_item(const WorkItem& w, const Geometry& g, const float* q, const float*
   F16* group_scores = probs + rows * key_groups;  // [rows]: one key group's scores
   std::vector<float> row_sum(rows);
   const I16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  // where each key's row starts in the cache, looked up in the block table once per item (any block
-  // size: a group of 16 keys may span blocks); + kv head * head_dim selects the head
-  thread_local std::vector<int64_t> key_offset;
-  key_offset.resize(num_keys);
-  for (int64_t key = 0; key < num_keys; ++key)
-    key_offset[key] = (static_cast<int64_t>(table[key / g.block_size]) * g.block_size + key % g.block_size) * key_stride;
-  const int64_t* offsets = key_offset.data();  // a plain pointer: each thread_local use costs a TLS lookup
+  // + kv head * head_dim selects a head
+  const int64_t* offsets = key_row_offsets(table, g.block_size, num_keys, key_stride);
   auto rows_of = [&](const float* cache, int64_t kvh, int64_t key0, int64_t n, const float** out_rows) {
     for (int64_t j = 0; j < n; ++j) out_rows[j] = cache + offsets[key0 + j] + kvh * NV * 16;
   };
@@ -169,23 +193,7 @@ void run_item(const WorkItem& w, const Geometry& g, const float* q, const float*
             lane <= last_visible ? group_scores[r] : splat(-std::numeric_limits<float>::infinity());
       }
     }
-    for (int64_t r = 0; r < rows; ++r) {
-      F16* pr = probs + r * key_groups;
-      F16 m = pr[0];
-      for (int64_t kg = 1; kg < key_groups; ++kg) m = select_max(m, pr[kg]);
-      const float row_max = lane_max(m);
-      F16 sum = F16{};
-      for (int64_t kg = 0; kg < key_groups; ++kg) {
-        const F16 s = pr[kg];
-        // below e^-87 a probability is exactly 0: invisible next to the row's largest term (1), and
-        // it keeps subnormal products (slow on most CPUs) out of the value sums
-        const F16 shifted = s - row_max;
-        const F16 p = shifted > splat(-87.0f) ? vec_exp(shifted) : F16{};
-        pr[kg] = p;
-        sum += p;
-      }
-      row_sum[r] = lane_sum(sum);
-    }
+    for (int64_t r = 0; r < rows; ++r) row_sum[r] = softmax_row(probs + r * key_groups, key_groups);
     // pass 2: out = probs . values, up to four rows per sweep over the values
     for (int64_t r0 = 0; r0 < rows; r0 += 4) {
       switch (std::min<int64_t>(4, rows - r0)) {
@@ -198,6 +206,92 @@ void run_item(const WorkItem& w, const Geometry& g, const float* q, const float*
   }
 }
 
+// Decode-sized items (fewer than 6 rows per kv head): too little work per key for the keys to stay
+// in cache between kv heads, so both passes walk the keys once, all kv heads of each key row together:
+// a key row holds every kv head side by side, so a block of keys is one contiguous run of memory that
+// the hardware prefetcher streams, instead of three strided walks over it. The value sums of every
+// (kv head, row) live in a small buffer between key groups. Same arithmetic, same order, as run_item.
+template <int NV, int R>
+void run_item_few(const WorkItem& w, const Geometry& g, const float* q, const float* k_cache,
+                  const float* v_cache, const int32_t* table, int64_t token0, int64_t new_tokens,
+                  int64_t context, float* out) {
+  const int64_t group = g.group, heads = g.num_kv_heads;
+  const int64_t head_floats = NV * 16, key_stride = heads * head_floats;
+  const int64_t first_pos = context - new_tokens;
+  const int64_t num_keys = first_pos + w.q_end;
+  const int64_t key_groups = (num_keys + kKeys - 1) / kKeys;
+  const int64_t all_rows = heads * R;  // row (kvh, r): token q_begin + r / group, q head kvh * group + r % group
+
+  thread_local std::vector<F16> buffer;
+  buffer.assign(all_rows * NV * 2 + all_rows * key_groups + R, F16{});
+  F16* q_rows = buffer.data();              // [heads][R][NV], pre-scaled
+  F16* acc = q_rows + all_rows * NV;        // [heads][R][NV]: value sums
+  F16* probs = acc + all_rows * NV;         // [heads * R][key_groups]
+  F16* group_scores = probs + all_rows * key_groups;  // [R]
+  std::vector<float> row_sum(all_rows);
+  const I16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  // + kv head * head_dim selects a head
+  const int64_t* offsets = key_row_offsets(table, g.block_size, num_keys, key_stride);
+  // the next group's whole key rows, into L2 (a burst of L1 prefetches stalls on L1's few miss
+  // buffers: 0.97 ms a layer against 0.68 here), a share of the keys per kv head visited
+  auto prefetch_rows = [&](const float* cache, int64_t key0, int64_t part, int64_t parts) {
+    const int64_t n = std::min(kKeys, num_keys - key0);
+    for (int64_t j = part; j < n; j += parts)
+      for (int64_t f = 0; f < key_stride; f += 16) prefetch_l2(cache + offsets[key0 + j] + f);
+  };
+
+  for (int64_t kvh = 0; kvh < heads; ++kvh)
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t token = w.q_begin + r / group, h = kvh * group + r % group;
+      const float* src = q + (token0 + token) * g.q_stride_token + h * g.q_stride_head;
+      for (int c = 0; c < NV; ++c) q_rows[(kvh * R + r) * NV + c] = load16(src + 16 * c) * g.scale;
+    }
+  // pass 1: scores, causally masked
+  for (int64_t kg = 0; kg < key_groups; ++kg) {
+    const int64_t key0 = kg * kKeys, n = std::min(kKeys, num_keys - key0);
+    for (int64_t kvh = 0; kvh < heads; ++kvh) {
+      if (kg + 1 < key_groups) prefetch_rows(k_cache, key0 + kKeys, kvh, heads);
+      const float* keys[kKeys];
+      for (int64_t j = 0; j < n; ++j) keys[j] = k_cache + offsets[key0 + j] + kvh * head_floats;
+      score_keys<NV>(q_rows + kvh * R * NV, R, keys, n, group_scores);
+      for (int64_t r = 0; r < R; ++r) {
+        const int32_t last_visible = static_cast<int32_t>(first_pos + w.q_begin + r / group - key0);
+        probs[(kvh * R + r) * key_groups + kg] =
+            lane <= last_visible ? group_scores[r] : splat(-std::numeric_limits<float>::infinity());
+      }
+    }
+  }
+  for (int64_t r = 0; r < all_rows; ++r) row_sum[r] = softmax_row(probs + r * key_groups, key_groups);
+  // pass 2: out = probs . values
+  for (int64_t kg = 0; kg < key_groups; ++kg) {
+    const int64_t key0 = kg * kKeys, n = std::min(kKeys, num_keys - key0);
+    for (int64_t kvh = 0; kvh < heads; ++kvh) {
+      if (kg + 1 < key_groups) prefetch_rows(v_cache, key0 + kKeys, kvh, heads);
+      F16 a[R][NV], p[R];
+      for (int64_t i = 0; i < R; ++i) {
+        p[i] = probs[(kvh * R + i) * key_groups + kg];
+        for (int c = 0; c < NV; ++c) a[i][c] = acc[(kvh * R + i) * NV + c];
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        const float* vj = v_cache + offsets[key0 + j] + kvh * head_floats;
+        F16 v[NV];
+        for (int c = 0; c < NV; ++c) v[c] = load16(vj + 16 * c);
+        for (int64_t i = 0; i < R; ++i)
+          for (int c = 0; c < NV; ++c) a[i][c] += v[c] * p[i][j];
+      }
+      for (int64_t i = 0; i < R; ++i)
+        for (int c = 0; c < NV; ++c) acc[(kvh * R + i) * NV + c] = a[i][c];
+    }
+  }
+  for (int64_t kvh = 0; kvh < heads; ++kvh)
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t token = w.q_begin + r / group, h = kvh * group + r % group;
+      float* dst = out + (token0 + token) * g.out_stride_token + h * g.out_stride_head;
+      const float inv = 1.f / row_sum[kvh * R + r];
+      for (int c = 0; c < NV; ++c) store16(dst + 16 * c, acc[(kvh * R + r) * NV + c] * inv);
+    }
+}
+
 template <int NV>
 void run_all(const std::vector<WorkItem>& items, const Geometry& g, const float* q, const float* k,
              const float* v, const int32_t* tables, const int32_t* starts, const int32_t* lens, float* out) {
@@ -206,8 +300,15 @@ void run_all(const std::vector<WorkItem>& items, const Geometry& g, const float*
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     for (int64_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) {
       const WorkItem& w = items[i];
-      run_item<NV>(w, g, q, k, v, tables + w.seq * g.max_blocks, starts[w.seq],
-                   starts[w.seq + 1] - starts[w.seq], lens[w.seq], out);
+      const int32_t* table = tables + w.seq * g.max_blocks;
+      const int64_t token0 = starts[w.seq], new_tokens = starts[w.seq + 1] - starts[w.seq];
+      switch ((w.q_end - w.q_begin) * g.group) {  // rows per kv head
+#define BULKRUN_FEW(R) \
+  case R: run_item_few<NV, R>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out); break;
+        BULKRUN_FEW(1) BULKRUN_FEW(2) BULKRUN_FEW(3) BULKRUN_FEW(4) BULKRUN_FEW(5)
+#undef BULKRUN_FEW
+        default: run_item<NV>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out);
+      }
     }
   });
 }

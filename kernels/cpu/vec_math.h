@@ -26,6 +26,15 @@ inline void prefetch_l1(const void* p) {
 #endif
 }
 
+// The same into L2 only: L1 has few miss buffers, and a burst of L1 prefetches stalls on them.
+inline void prefetch_l2(const void* p) {
+#if defined(__x86_64__)
+  asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
+#else
+  __builtin_prefetch(p, 0, 2);
+#endif
+}
+
 template <typename T>
 inline T select_max(T a, T b) { return a > b ? a : b; }
 template <typename T>

@@ -74,6 +74,12 @@ def test_grouped_query_heads(heads):
     check(make_batch([1, 9, 1], [30, 25, 48], heads=heads, seed=1))
 
 
+@pytest.mark.parametrize("group", [1, 2, 3, 4, 5, 6])
+def test_every_decode_sized_row_count(group):
+    # items of 1-5 rows per kv head walk the keys once for all kv heads; 6 and more take the tiled path
+    check(make_batch([1, 2, 1, 3], [40, 37, 1, 70], heads=(2 * group, 2), seed=6))
+
+
 @pytest.mark.parametrize("head_dim", [16, 32, 48, 80, 128, 256])
 def test_head_sizes(head_dim):
     check(make_batch([1, 19], [40, 19], head_dim=head_dim, seed=2))
