@@ -155,7 +155,7 @@ def main() -> None:
     flops += rows[0][2] * model_flops_per_token(config, mean_context)
     achieved = flops / rows[0][1] / 1e9
     print(
-        f"matmul rate of this machine (fp32 1024^3, median): {gflops:.1f} GFLOP/s; "
+        f"matmul rate of this machine (fp32 1024^3, best of 15): {gflops:.1f} GFLOP/s; "
         f"bulkrun reached {achieved:.1f} GFLOP/s = {100 * achieved / gflops:.0f}% of it"
     )
 
