@@ -3,7 +3,8 @@
 //
 // Why native code: on the CPU decode attention is bound by memory traffic. The PyTorch reference
 // copies each sequence's K/V blocks into a contiguous buffer before SDPA reads them again; here every
-// K/V row is read where it lies, once per kv head, 16 keys at a time.
+// K/V row is read where it lies, 16 keys at a time: decode-sized items read each row once for all kv
+// heads (run_item_few), prompt chunks kv head by kv head with the keys transposed (run_item).
 //
 // Work item = (sequence, tile of up to kQueryTile new tokens), all heads. Items go to PyTorch's
 // intra-op threads longest-first from a shared counter, so the threads finish together.
@@ -40,29 +41,11 @@ struct WorkItem {
 };
 
 // Scores of `rows` query rows (NV vectors each) against up to 16 keys (rows[j] for j < n; the
-// others are never read) -> scores[r] (lane j = key j). Few rows (decode): 16 dot products per row, summed
-// by one shuffle tree. Many rows (a prompt chunk): transpose the 16 keys once, then each row is NV*16
-// broadcast-FMAs across all 16 keys, 8 rows at a time so the FMAs do not wait on each other.
+// others are never read) -> scores[r] (lane j = key j). For the many rows of a prompt chunk: transpose
+// the 16 keys once, then each row is NV*16 broadcast-FMAs across all 16 keys, 8 rows at a time so the
+// FMAs do not wait on each other. (Decode-sized items take score_keys_few.)
 template <int NV>
 void score_keys(const F16* q, int64_t rows, const float* const* keys, int64_t n, F16* scores) {
-  if (rows < 6) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const F16* qr = q + r * NV;
-      F16 parts[kKeys];
-      for (int64_t j = 0; j < kKeys; ++j) {
-        if (j >= n) {  // past the last key: the slot may hold anything, never read it
-          parts[j] = F16{};
-          continue;
-        }
-        const float* kj = keys[j];
-        F16 part = load16(kj) * qr[0];
-        for (int c = 1; c < NV; ++c) part += load16(kj + 16 * c) * qr[c];
-        parts[j] = part;
-      }
-      scores[r] = sum_each(parts);
-    }
-    return;
-  }
   F16 keys_t[NV][kKeys];  // keys_t[c][x] lane j = key j, dim 16c + x
   for (int c = 0; c < NV; ++c) {
     for (int64_t j = 0; j < kKeys; ++j) keys_t[c][j] = j < n ? load16(keys[j] + 16 * c) : F16{};
@@ -116,6 +99,30 @@ inline float softmax_row(F16* pr, int64_t key_groups) {
     sum += p;
   }
   return lane_sum(sum);
+}
+
+// score_keys for a compile-time R < 6 rows: key by key, each key's vectors loaded once for all rows
+// and the rows' queries held in registers (the row-by-row loop reloaded both for every product).
+template <int NV, int R>
+void score_keys_few(const F16* q, const float* const* keys, int64_t n, F16* scores) {
+  F16 qr[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NV; ++c) qr[r][c] = q[r * NV + c];
+  F16 parts[R][kKeys];
+  for (int64_t j = 0; j < kKeys; ++j) {
+    if (j >= n) {  // past the last key: the slot may hold anything, never read it
+      for (int r = 0; r < R; ++r) parts[r][j] = F16{};
+      continue;
+    }
+    F16 k[NV];
+    for (int c = 0; c < NV; ++c) k[c] = load16(keys[j] + 16 * c);
+    for (int r = 0; r < R; ++r) {
+      F16 part = k[0] * qr[r][0];
+      for (int c = 1; c < NV; ++c) part += k[c] * qr[r][c];
+      parts[r][j] = part;
+    }
+  }
+  for (int r = 0; r < R; ++r) scores[r] = sum_each(parts[r]);
 }
 
 // One item, kv head by kv head, in two passes over that head's keys: all scores first (then one
@@ -245,6 +252,7 @@ void run_item_few(const WorkItem& w, const Geometry& g, const float* q, const fl
       for (int64_t f = 0; f < key_stride; f += 16) prefetch_l2(cache + offsets[key0 + j] + f);
   };
 
+  prefetch_rows(k_cache, 0, 0, 1);  // the first group, while the queries are gathered
   for (int64_t kvh = 0; kvh < heads; ++kvh)
     for (int64_t r = 0; r < R; ++r) {
       const int64_t token = w.q_begin + r / group, h = kvh * group + r % group;
@@ -255,10 +263,12 @@ void run_item_few(const WorkItem& w, const Geometry& g, const float* q, const fl
   for (int64_t kg = 0; kg < key_groups; ++kg) {
     const int64_t key0 = kg * kKeys, n = std::min(kKeys, num_keys - key0);
     for (int64_t kvh = 0; kvh < heads; ++kvh) {
+      // the next group of keys, or after the last one the first group of values
       if (kg + 1 < key_groups) prefetch_rows(k_cache, key0 + kKeys, kvh, heads);
+      else prefetch_rows(v_cache, 0, kvh, heads);
       const float* keys[kKeys];
       for (int64_t j = 0; j < n; ++j) keys[j] = k_cache + offsets[key0 + j] + kvh * head_floats;
-      score_keys<NV>(q_rows + kvh * R * NV, R, keys, n, group_scores);
+      score_keys_few<NV, R>(q_rows + kvh * R * NV, keys, n, group_scores);
       for (int64_t r = 0; r < R; ++r) {
         const int32_t last_visible = static_cast<int32_t>(first_pos + w.q_begin + r / group - key0);
         probs[(kvh * R + r) * key_groups + kg] =
