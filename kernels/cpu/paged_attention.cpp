@@ -28,6 +28,9 @@ namespace {
 constexpr int64_t kQueryTile = 32;
 constexpr int64_t kKeys = 16;  // keys per score vector (one F16)
 constexpr int64_t kRowBlock = 8;  // query rows scored together against transposed keys
+// decode rows: each group of keys is prefetched into L2 a group ahead, and each key into L1 this many
+// keys ahead (0.62-0.65 -> 0.59-0.61 ms a layer at 48 rows; 8 measured the same)
+constexpr int64_t kL1Ahead = 4;
 
 struct Geometry {
   int64_t num_q_heads, num_kv_heads, group, block_size, max_blocks;
@@ -114,6 +117,8 @@ void score_keys_few(const F16* q, const float* const* keys, int64_t n, F16* scor
       for (int r = 0; r < R; ++r) parts[r][j] = F16{};
       continue;
     }
+    if (j + kL1Ahead < n)
+      for (int c = 0; c < NV; ++c) prefetch_l1(keys[j + kL1Ahead] + 16 * c);
     F16 k[NV];
     for (int c = 0; c < NV; ++c) k[c] = load16(keys[j] + 16 * c);
     for (int r = 0; r < R; ++r) {
@@ -289,6 +294,8 @@ void run_item_few(const WorkItem& w, const Geometry& g, const float* q, const fl
       }
       for (int64_t j = 0; j < n; ++j) {
         const float* vj = v_cache + offsets[key0 + j] + kvh * head_floats;
+        if (j + kL1Ahead < n)
+          for (int c = 0; c < NV; ++c) prefetch_l1(v_cache + offsets[key0 + j + kL1Ahead] + kvh * head_floats + 16 * c);
         F16 v[NV];
         for (int c = 0; c < NV; ++c) v[c] = load16(vj + 16 * c);
         for (int64_t i = 0; i < R; ++i)
