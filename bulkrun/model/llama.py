@@ -71,10 +71,18 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, ops, x, residual, md, cos_sin, k_cache, v_cache):
-        h, residual = ops.rms_norm(x, self.input_norm, self.eps, residual)
+        h, residual = _add_and_norm(ops, x, residual, self.input_norm, self.eps)
         x = self.attn(ops, h, md, cos_sin, k_cache, v_cache)
-        h, residual = ops.rms_norm(x, self.post_attention_norm, self.eps, residual)
+        h, residual = _add_and_norm(ops, x, residual, self.post_attention_norm, self.eps)
         return self.mlp(ops, h), residual
+
+
+def _add_and_norm(ops, x, residual, weight, eps):
+    """(rmsnorm(x + residual) * weight, x + residual), written over x and residual: both are dead
+    afterwards, and reusing their memory (still in cache) spares a prompt chunk two fresh buffers."""
+    if residual is None:
+        return ops.rms_norm(x, weight, eps)
+    return ops.rms_norm(x, weight, eps, residual, out=x, residual_out=residual)
 
 
 class LlamaForCausalLM(nn.Module):
