@@ -227,7 +227,8 @@ void run_item(const WorkItem& w, const Geometry& g, const float* q, const float*
 // in cache between kv heads, so both passes walk the keys once, all kv heads of each key row together:
 // a key row holds every kv head side by side, so a block of keys is one contiguous run of memory that
 // the hardware prefetcher streams, instead of three strided walks over it. The value sums of every
-// (kv head, row) live in a small buffer between key groups. Same arithmetic, same order, as run_item.
+// (kv head, row) live in a small buffer between key groups. Scores are 16 dot products summed by one
+// shuffle tree (score_keys_few); softmax and value sums are run_item's.
 template <int NV, int R>
 void run_item_few(const WorkItem& w, const Geometry& g, const float* q, const float* k_cache,
                   const float* v_cache, const int32_t* table, int64_t token0, int64_t new_tokens,
