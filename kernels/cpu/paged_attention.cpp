@@ -87,13 +87,15 @@ void with_row_count(int64_t n, F&& f) {
   f(std::integral_constant<int64_t, Max>{});
 }
 
-// One row's masked scores -> unnormalized probabilities in place; returns their sum.
-inline float softmax_row(F16* pr, int64_t key_groups) {
+// One row's masked scores -> unnormalized probabilities in place; returns their sum. Only the first
+// `seen` groups hold keys the row sees; the rest (up to key_groups) become exact zeros.
+inline float softmax_row(F16* pr, int64_t seen, int64_t key_groups) {
+  for (int64_t kg = seen; kg < key_groups; ++kg) pr[kg] = F16{};
   F16 m = pr[0];
-  for (int64_t kg = 1; kg < key_groups; ++kg) m = select_max(m, pr[kg]);
+  for (int64_t kg = 1; kg < seen; ++kg) m = select_max(m, pr[kg]);
   const float row_max = lane_max(m);
   F16 sum = F16{};
-  for (int64_t kg = 0; kg < key_groups; ++kg) {
+  for (int64_t kg = 0; kg < seen; ++kg) {
     // below e^-87 a probability is exactly 0: invisible next to the row's largest term (1), and
     // it keeps subnormal products (slow on most CPUs) out of the value sums
     const F16 shifted = pr[kg] - row_max;
@@ -146,6 +148,9 @@ void run_item(const WorkItem& w, const Geometry& g, const float* q, const float*
   const int64_t first_pos = context - new_tokens;  // position of new token 0
   const int64_t num_keys = first_pos + w.q_end;    // the tile's last token sees keys 0 .. num_keys-1
   const int64_t key_groups = (num_keys + kKeys - 1) / kKeys;
+  // causal: row r sees only the key groups up to its own token's; the tile's later rows see more, so
+  // each pass skips the groups no row of its block sees (a prompt's tiles skip ~1 group in 8)
+  auto groups_seen = [&](int64_t r) { return (first_pos + w.q_begin + r / group) / kKeys + 1; };
 
   thread_local std::vector<F16> buffer;
   const int64_t padded_rows = (rows + kRowBlock - 1) / kRowBlock * kRowBlock;
@@ -174,11 +179,12 @@ void run_item(const WorkItem& w, const Geometry& g, const float* q, const float*
   auto weigh_values = [&](auto rows_per_sweep, int64_t r0, int64_t kvh) {
     constexpr int64_t R = decltype(rows_per_sweep)::value;
     F16 acc[R][NV] = {};
-    for (int64_t kg = 0; kg < key_groups; ++kg) {
+    const int64_t sweep_groups = groups_seen(r0 + R - 1);
+    for (int64_t kg = 0; kg < sweep_groups; ++kg) {
       const int64_t key0 = kg * kKeys, n = std::min(kKeys, num_keys - key0);
       const float* values[kKeys];
       rows_of(v_cache, kvh, key0, n, values);
-      if (kg + 1 < key_groups) prefetch_group(v_cache, kvh, key0 + kKeys);
+      if (kg + 1 < sweep_groups) prefetch_group(v_cache, kvh, key0 + kKeys);
       F16 p[R];
       for (int64_t i = 0; i < R; ++i) p[i] = probs[(r0 + i) * key_groups + kg];
       for (int64_t j = 0; j < n; ++j) {  // j < n: slots past the last key are never read
@@ -209,14 +215,18 @@ void run_item(const WorkItem& w, const Geometry& g, const float* q, const float*
       const float* keys[kKeys];
       rows_of(k_cache, kvh, key0, n, keys);
       if (kg + 1 < key_groups) prefetch_group(k_cache, kvh, key0 + kKeys);
-      score_keys<NV>(q_rows, rows, keys, n, group_scores);
-      for (int64_t r = 0; r < rows; ++r) {
+      // rows before the first token that sees key0 are all masked here: start at its row block
+      const int64_t first_token = std::max<int64_t>(0, key0 - first_pos - w.q_begin);
+      const int64_t r_start = first_token * group / kRowBlock * kRowBlock;
+      score_keys<NV>(q_rows + r_start * NV, rows - r_start, keys, n, group_scores + r_start);
+      for (int64_t r = r_start; r < rows; ++r) {
         const int32_t last_visible = static_cast<int32_t>(first_pos + w.q_begin + r / group - key0);
         probs[r * key_groups + kg] =
             lane <= last_visible ? group_scores[r] : splat(-std::numeric_limits<float>::infinity());
       }
     }
-    for (int64_t r = 0; r < rows; ++r) row_sum[r] = softmax_row(probs + r * key_groups, key_groups);
+    for (int64_t r = 0; r < rows; ++r)
+      row_sum[r] = softmax_row(probs + r * key_groups, groups_seen(r), key_groups);
     // pass 2: out = probs . values, kSweepRows rows per sweep over the values
     for (int64_t r0 = 0; r0 < rows; r0 += kSweepRows)
       with_row_count<kSweepRows>(std::min(kSweepRows, rows - r0), [&](auto R) { weigh_values(R, r0, kvh); });
@@ -282,7 +292,7 @@ void run_item_few(const WorkItem& w, const Geometry& g, const float* q, const fl
       }
     }
   }
-  for (int64_t r = 0; r < all_rows; ++r) row_sum[r] = softmax_row(probs + r * key_groups, key_groups);
+  for (int64_t r = 0; r < all_rows; ++r) row_sum[r] = softmax_row(probs + r * key_groups, key_groups, key_groups);
   // pass 2: out = probs . values
   for (int64_t kg = 0; kg < key_groups; ++kg) {
     const int64_t key0 = kg * kKeys, n = std::min(kKeys, num_keys - key0);
