@@ -182,6 +182,7 @@ def validate(spec: JobSpec) -> None:
         parse_shard(spec.shard)
     if spec.kernels not in ("auto", "triton", "cpu", "reference"):
         raise UsageError(f"kernels must be auto, triton, cpu or reference, got {spec.kernels!r}")
+    _check_kernels_fit_device(spec)
     if spec.prompt_template is not None:
         from bulkrun.tasks.base import template_fields
 
@@ -190,6 +191,26 @@ def validate(spec: JobSpec) -> None:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     spec.sampling()  # raises UsageError for invalid sampling values
+
+
+def _check_kernels_fit_device(spec: JobSpec) -> None:
+    """A forced kernel backend that cannot run on this run's device is a bad flag, found before any
+    work (not a model-load failure at the first engine). Ray runs are left to their workers, whose
+    devices the driver cannot see."""
+    if spec.ray is not None or spec.kernels not in ("triton", "cpu"):
+        return
+    import torch
+
+    device = spec.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    on_cuda = device.startswith("cuda")
+    if spec.kernels == "triton" and not on_cuda:
+        raise UsageError(
+            "--kernels triton needs a CUDA device and this run is on the CPU; use auto, cpu or reference"
+        )
+    if spec.kernels == "cpu" and on_cuda:
+        raise UsageError(
+            "--kernels cpu runs on the CPU and this run is on CUDA; use auto, triton or reference"
+        )
 
 
 def spec_from_file(path: Path, overrides: dict | None = None) -> JobSpec:

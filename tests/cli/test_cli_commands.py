@@ -83,6 +83,16 @@ def test_bad_values_are_usage_errors(bulkrun, tmp_path):
         _one_clean_line(err)
 
 
+def test_kernels_the_device_cannot_run_are_usage_errors(bulkrun, tmp_path):
+    path = write_jsonl(tmp_path / "in.jsonl", texts(2))
+    code, _, err = bulkrun(
+        "generate", path, "--device", "cpu", "--kernels", "triton", "--out", tmp_path / "o"
+    )
+    assert code == EXIT_USAGE and "--kernels triton needs a CUDA device" in err
+    _one_clean_line(err)
+    assert not (tmp_path / "o").exists()
+
+
 def test_row_errors_exit_code_lock_and_changed_job(bulkrun, tmp_path, cli_model):
     rows = texts(4) + [{"id": "bad", "text": ""}]
     path = write_jsonl(tmp_path / "in.jsonl", rows)

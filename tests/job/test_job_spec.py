@@ -88,5 +88,20 @@ def test_value_parsers():
 
 
 @pytest.mark.parametrize("backend", ["auto", "triton", "cpu", "reference"])
-def test_every_kernel_backend_is_accepted(tmp_path, backend):
-    assert spec_from_file(_write(tmp_path, f'input = "a.jsonl"\nkernels = "{backend}"\n')).kernels == backend
+def test_every_kernel_backend_is_accepted_on_a_device_it_runs_on(tmp_path, backend):
+    device = "cuda" if backend == "triton" else "cpu"
+    text = f'input = "a.jsonl"\nkernels = "{backend}"\ndevice = "{device}"\n'
+    assert spec_from_file(_write(tmp_path, text)).kernels == backend
+
+
+@pytest.mark.parametrize(("backend", "device"), [("triton", "cpu"), ("cpu", "cuda"), ("cpu", "cuda:1")])
+def test_a_kernel_backend_the_device_cannot_run_is_a_usage_error(tmp_path, backend, device):
+    text = f'input = "a.jsonl"\nkernels = "{backend}"\ndevice = "{device}"\n'
+    with pytest.raises(UsageError, match=f"--kernels {backend}"):
+        spec_from_file(_write(tmp_path, text))
+
+
+def test_ray_runs_leave_the_kernel_backend_to_their_workers(tmp_path):
+    # the driver may have no GPU while every worker has one
+    text = 'input = "a.jsonl"\nkernels = "triton"\ndevice = "cpu"\nray = "10.0.0.1:6379"\n'
+    assert spec_from_file(_write(tmp_path, text)).kernels == "triton"
