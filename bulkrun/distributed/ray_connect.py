@@ -3,22 +3,27 @@
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from typing import Any
 
-from bulkrun.errors import BulkrunError, UsageError
+from bulkrun.errors import UsageError
 
 INSTALL_HINT = (
     "--ray needs Ray, an optional extra: pip install 'bulkrun[ray]'  (or: pip install 'ray[default]')"
 )
 
 
+PROBE_TIMEOUT_S = 10.0  # a live head answers a TCP connect at once; this only bounds a dead one
+
+
 class RayUnavailable(UsageError):
     """Ray is not installed (exit code 2: the command line asked for something this install lacks)."""
 
 
-class RayConnectError(BulkrunError):
-    """The Ray cluster at the given address cannot be reached."""
+class RayConnectError(UsageError):
+    """The Ray cluster at the given address cannot be reached (exit code 2: the address asked for is
+    not there; a rerun once it is resumes the job)."""
 
 
 def import_ray() -> Any:
@@ -54,6 +59,8 @@ def connect(address: str | None, workers: int | None) -> Cluster:
 def _init(ray: Any, address: str | None, workers: int | None) -> bool:
     quiet = {"log_to_driver": True, "include_dashboard": False, "configure_logging": False}
     if address is None:
+        if os.environ.get("RAY_ADDRESS"):
+            _probe(os.environ["RAY_ADDRESS"], f"RAY_ADDRESS={os.environ['RAY_ADDRESS']}")
         try:  # a cluster that `ray start` or RAY_ADDRESS points at, if there is one
             ray.init(address=os.environ.get("RAY_ADDRESS") or "auto", **quiet)
             return False
@@ -66,8 +73,21 @@ def _init(ray: Any, address: str | None, workers: int | None) -> bool:
     if address == "local":
         ray.init(num_cpus=max(workers or 1, os.cpu_count() or 1), **quiet)
         return True
+    _probe(address, f"at {address}")
     try:
         ray.init(address=address, **quiet)
     except ConnectionError as exc:
         raise RayConnectError(f"cannot reach the Ray cluster at {address}: {exc}") from None
     return False
+
+
+def _probe(address: str, named: str) -> None:
+    """Fail fast where nothing listens at a host:port address: ray.init retries a dead address for
+    minutes (seen: over ten), which an overnight cron job would spend hanging. Other forms go to Ray."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_TIMEOUT_S).close()
+    except OSError as exc:
+        raise RayConnectError(f"cannot reach the Ray cluster {named}: {exc}") from None
