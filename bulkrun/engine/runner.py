@@ -7,6 +7,7 @@ from transformers import AutoTokenizer
 
 from bulkrun.engine.config import EngineConfig
 from bulkrun.engine.cpu_env import keep_freed_memory
+from bulkrun.engine.device import resolve_device
 from bulkrun.engine.kv_cache import KVCache, default_cpu_kv_bytes, default_cuda_kv_bytes
 from bulkrun.engine.runner_output import RunnerOutput
 from bulkrun.engine.sampler import Sampler
@@ -22,7 +23,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def resolve_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
-    device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(config.device)
     name = config.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     if name not in _DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {name!r}")

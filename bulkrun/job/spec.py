@@ -199,10 +199,12 @@ def _check_kernels_fit_device(spec: JobSpec) -> None:
     devices the driver cannot see."""
     if spec.ray is not None or spec.kernels not in ("triton", "cpu"):
         return
-    import torch
+    from bulkrun.engine.device import resolve_device
 
-    device = spec.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    on_cuda = device.startswith("cuda")
+    try:
+        on_cuda = resolve_device(spec.device).type == "cuda"
+    except RuntimeError:
+        raise UsageError(f"device must be cpu or cuda (cuda:N), got {spec.device!r}") from None
     if spec.kernels == "triton" and not on_cuda:
         raise UsageError(
             "--kernels triton needs a CUDA device and this run is on the CPU; use auto, cpu or reference"

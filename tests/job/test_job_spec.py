@@ -101,6 +101,12 @@ def test_a_kernel_backend_the_device_cannot_run_is_a_usage_error(tmp_path, backe
         spec_from_file(_write(tmp_path, text))
 
 
+def test_a_device_torch_does_not_know_is_a_usage_error(tmp_path):
+    text = 'input = "a.jsonl"\nkernels = "cpu"\ndevice = "gpu0"\n'
+    with pytest.raises(UsageError, match="device must be cpu or cuda"):
+        spec_from_file(_write(tmp_path, text))
+
+
 def test_ray_runs_leave_the_kernel_backend_to_their_workers(tmp_path):
     # the driver may have no GPU while every worker has one
     text = 'input = "a.jsonl"\nkernels = "triton"\ndevice = "cpu"\nray = "10.0.0.1:6379"\n'
