@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from bulkrun.engine.attention_metadata import AttentionMetadata
+from bulkrun.model.attention_metadata import AttentionMetadata
 from bulkrun.engine.request import Request
 from bulkrun.engine.scheduler import ScheduledRequest
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bulkrun.engine.attention_metadata import AttentionMetadata
+from bulkrun.model.attention_metadata import AttentionMetadata
 from bulkrun.model.config import ModelConfig
 from bulkrun.model.linear import Linear
 
