@@ -38,7 +38,9 @@ def _hf_logprobs(hf, tokens):
 def test_runner_exposes_what_the_engine_needs(setup):
     _, runner = setup
     assert runner.block_size == BLOCK and runner.max_model_len == 256
-    assert runner.num_blocks == (1 << 20) // (2 * 2 * BLOCK * 2 * 32 * 4)
+    # one block of the budget is kept back for the padding rows of captured decode steps
+    assert runner.num_blocks == (1 << 20) // (2 * 2 * BLOCK * 2 * 32 * 4) - 1
+    assert runner.padding_block == runner.num_blocks
     assert 2 in runner.eos_token_ids
     assert runner.tokenizer.encode("w5 w6", add_special_tokens=False) == [5, 6]
 
