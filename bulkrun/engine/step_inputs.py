@@ -162,7 +162,7 @@ class StepState:
             seq_lens=torch.from_numpy((start_np + size_np).astype(np.int32)),
         )
         return StepInputs(
-            input_ids=torch.tensor(ids, dtype=torch.long),
+            input_ids=torch.from_numpy(np.array(ids, dtype=np.int64)),
             metadata=metadata,
             logits_indices=torch.from_numpy(logits_indices.astype(np.int64)),
             sample_requests=list(compress(sched.requests, sched.samples)),
