@@ -214,7 +214,7 @@ def _interpreted() -> bool:
 # _reduce_partitions_kernel.
 MAX_PARTITIONS = 32  # also the reduce kernel's tile height
 MIN_PARTITION_KEYS = 256  # a partition shorter than this costs more in the reduce than it saves
-LONG_PARTITION_KEYS = 4096  # no program walks more than this (when the scratch budget allows)
+LONG_PARTITION_KEYS = 4096  # no decode program walks more than this (when the scratch budget allows)
 PROGRAMS_PER_SM = 4
 SCRATCH_BYTES = 64 << 20  # cap on the partials' fp32 scratch (a CUDA graph keeps it for its lifetime)
 CPU_SM_COUNT = 132  # what the interpreter plans for: an H100/H200, so the CPU tests take the GPU's paths
@@ -238,7 +238,10 @@ def plan_partitions(
     token's fp32 partial output (heads * padded head_dim * 4)."""
     programs = max(num_seqs, -(-num_tokens // block_q)) * num_kv_heads
     by_occupancy = -(-PROGRAMS_PER_SM * num_sms // programs) if programs < PROGRAMS_PER_SM * num_sms else 1
-    by_length = -(-context_bound // LONG_PARTITION_KEYS)
+    # Prompt chunks bring programs enough and uneven (causal) work anyway: only decode rows are cut
+    # for length.
+    prefill_heavy = num_tokens >= 8 * max(num_seqs, 1)
+    by_length = 1 if prefill_heavy else -(-context_bound // LONG_PARTITION_KEYS)
     wanted = min(max(by_occupancy, by_length), -(-context_bound // MIN_PARTITION_KEYS), MAX_PARTITIONS)
     affordable = SCRATCH_BYTES // max(1, num_tokens * row_bytes)
     return max(1, min(wanted, affordable))

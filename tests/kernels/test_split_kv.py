@@ -94,6 +94,7 @@ def test_plan_splits_small_batches_and_long_contexts_only():
     assert plan(1, 1, 16) == 1
     assert plan(1024, 1024, 1024) == 1  # 8,192 programs already fill the device
     assert plan(256, 256, 32768) == 8  # a long context is cut to LONG_PARTITION_KEYS pieces
-    assert plan(4096, 8, 4096, block_q=16) == 1  # a prefill-heavy step has programs enough
+    assert plan(4096, 8, 4096, block_q=16) == 1  # a prefill-heavy step has programs enough ...
+    assert plan(2048, 1, 65536, block_q=16) == 1  # ... and is not cut for length
     # the scratch stays within its budget: 1,024 rows of 16 KiB allow 4 partitions
     assert plan(1024, 1024, 65536) == pa.SCRATCH_BYTES // (1024 * 32 * 128 * 4)
