@@ -80,13 +80,14 @@ def test_matches_reference(case, ref_name, device):
     run_and_compare(batch, get_ref(ref_name), atol=2e-5)
 
 
+@pytest.mark.parametrize("num_partitions", [1, 4], ids=["unsplit", "split-kv"])
 @pytest.mark.parametrize("ref_name", REF_NAMES)
-def test_large_block_index(ref_name, device):
+def test_large_block_index(ref_name, num_partitions, device):
     # Block ids past 2**16 (280,000 slots); sequences live in the highest ids. Tiny heads keep it ~10 MB.
     batch = make_batch([1, 6, 1], [40, 30, 3], num_q_heads=2, num_kv_heads=1, head_dim=8, block_size=4,
                        num_blocks=70_000, seed=7, device=device, high_blocks=True)  # fmt: skip
     assert int(batch[3][batch[3] < 2**30].max()) == 69_999
-    run_and_compare(batch, get_ref(ref_name), atol=2e-5)
+    run_and_compare(batch, get_ref(ref_name), atol=2e-5, num_partitions=num_partitions)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
