@@ -91,7 +91,8 @@ def child_memory(input_path: str, out: str, model: str) -> dict:
 def child_sorting(model: str, rows: int, repeats: int) -> dict:
     """The real engine on one mixed-length window, sorted by length or not, runs alternating (so
     the machine's drift hits both alike); tokens/s, engine steps and mean running batch."""
-    from bulkrun.job.runner import build_engine, run_job
+    from bulkrun.job.runner import run_job
+    from bulkrun.job.session import load_engine as build_engine
     from bulkrun.job.spec import build_spec
 
     workdir = Path(tempfile.mkdtemp(prefix="job-bench-sort-"))

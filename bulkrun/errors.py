@@ -19,7 +19,7 @@ code  name               meaning
 ====  =================  ==========================================================================
 
 Library code raises these; only the CLI edge turns them into one line on stderr and the exit code.
-Bad rows are never exceptions that stop a job: they become error records (see bulkrun.tasks.base.RowError).
+Bad rows are never exceptions that stop a job: they raise RowError and become error records.
 """
 
 from __future__ import annotations
@@ -77,3 +77,14 @@ class Incomplete(BulkrunError):
 
 class OutputError(BulkrunError):
     exit_code = EXIT_OUTPUT
+
+
+class RowError(Exception):
+    """A row that cannot be processed; becomes an error record (row, id, kind, message), and the
+    job goes on. Raised by readers (malformed JSON), tasks (a missing field) and the job layer."""
+
+    def __init__(self, kind: str, message: str, item_id: str | None = None):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.item_id = item_id  # the row's id when it is known although the row is bad

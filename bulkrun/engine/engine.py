@@ -7,7 +7,7 @@ finished in it. Nothing here imports torch; the real runner is imported only by 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from bulkrun.engine.block_pool import BlockPool
@@ -47,13 +47,12 @@ class Engine:
         self.totals["kv_blocks_total"] = self.pool.num_blocks
 
     @classmethod
-    def from_model(cls, model: str | None, config: EngineConfig | None = None) -> Engine:
-        """Load `model` (default alias, HF directory or .gguf; see bulkrun.model_source)."""
+    def from_model(cls, model_dir: str, config: EngineConfig | None = None) -> Engine:
+        """Load the model in the local directory `model_dir` (the job layer resolves references)."""
         from bulkrun.engine.runner import ModelRunner  # torch lives behind this import
-        from bulkrun.model_source import resolve_model
 
         config = config or EngineConfig()
-        return cls(ModelRunner(str(resolve_model(model)), config), config)
+        return cls(ModelRunner(str(model_dir), config), config)
 
     # ---- intake -------------------------------------------------------------------------------
 
@@ -175,9 +174,12 @@ class Engine:
 
     # ---- driving ------------------------------------------------------------------------------
 
-    def stream(self, requests: Iterable[EngineRequest]) -> Iterator[RequestOutput]:
+    def stream(
+        self, requests: Iterable[EngineRequest], on_step: Callable[[StepStats], None] | None = None
+    ) -> Iterator[RequestOutput]:
         """Feed requests as capacity allows and yield results in completion order. A malformed
-        request is yielded at once as an error result instead of stopping the stream."""
+        request is yielded at once as an error result instead of stopping the stream. `on_step` is
+        called after every step with that step's StepStats."""
         pending = iter(requests)
         exhausted = False
         while True:
@@ -194,7 +196,10 @@ class Engine:
                 if exhausted:
                     return
                 continue
-            yield from self.step()
+            outputs = self.step()
+            if on_step is not None:
+                on_step(self.last_stats)
+            yield from outputs
 
     def generate(self, requests: list[EngineRequest]) -> list[RequestOutput]:
         """Run all requests to completion; results in request order."""

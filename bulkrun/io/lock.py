@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 
 from bulkrun.errors import LockHeld
+from bulkrun.io.atomic import writing
 
 STALE_AFTER_S = 15 * 60
 
@@ -58,17 +59,19 @@ class JobLock:
 
     def _try_create(self) -> bool:
         owner = _owner() | {"heartbeat": time.time()}
-        try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "w") as f:
-            json.dump(owner, f)
+        with writing(self.path):
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "w") as f:
+                json.dump(owner, f)
         return True
 
     def heartbeat(self) -> None:
         if self.held:
-            os.utime(self.path)
+            with writing(self.path):
+                os.utime(self.path)
 
     def release(self) -> None:
         if self.held:

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from jobtest_helpers import read_jsonl, write_jsonl
+from helpers.rows import read_jsonl, write_jsonl
 
 from bulkrun.errors import EXIT_OK
 

@@ -9,10 +9,10 @@ import os
 import time
 
 import pytest
-from dist_helpers import read_results, spec_values
+from helpers.rows import read_results, spec_values
 
-from bulkrun.distributed.remote_out import LOCK_STALE_S, RemoteLock, RemoteMirror, staged
 from bulkrun.errors import EXIT_INCOMPLETE, LockHeld
+from bulkrun.io.mirror import LOCK_STALE_S, RemoteLock, RemoteMirror, staged
 
 
 def test_mirror_pulls_committed_files_and_pushes_only_what_is_new(tmp_path):
@@ -72,7 +72,7 @@ def test_staged_uploads_at_the_end_and_leaves_no_local_mirror(tmp_path):
 
 
 def test_shard_slices_on_a_file_uri_equal_a_local_run(tiny_job, reference_results, tmp_path, capsys):
-    from bulkrun.distributed.uri_jobs import export_at_uri, run_job_at_uri
+    from bulkrun.distributed.uri import export_at_uri, run_job_at_uri
     from bulkrun.errors import Incomplete
     from bulkrun.job.spec import build_spec
 

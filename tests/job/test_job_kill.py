@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
-from jobtest_helpers import read_jsonl, texts, write_jsonl
+from helpers.rows import read_jsonl, texts, write_jsonl
 
 from bulkrun.cli import main
 

@@ -4,7 +4,7 @@ and do not depend on prefix caching or on which other requests share the batches
 from __future__ import annotations
 
 import pytest
-from task_helpers import chat_prompt_ids, hf_continuation_logprobs, load_hf_model
+from helpers.tasks import chat_prompt_ids, hf_continuation_logprobs, load_hf_model
 
 from bulkrun.engine.config import EngineConfig
 from bulkrun.engine.engine import Engine

@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from bulkrun.distributed.outfs import OutDir, is_uri
 from bulkrun.errors import LockHeld
+from bulkrun.io.outdir import OutDir, is_uri
 
 PULL_DIRS = ("shards", "errors", "slices")
 PUSH_DIRS = ("shards", "errors", "slices", "progress")
