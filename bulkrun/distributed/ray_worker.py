@@ -38,7 +38,9 @@ def build_engine(spec: Any) -> Any:
     return load_engine(spec)
 
 
-def run_slice(spec: Any, partition: Partition, engine: Any, on_progress: Callable[[int, int], None]) -> RunStats:
+def run_slice(
+    spec: Any, partition: Partition, engine: Any, on_progress: Callable[[int, int], None]
+) -> RunStats:
     """Run one slice to the end (resuming from committed shards) and return its figures."""
     from bulkrun.job import runner
 

@@ -38,14 +38,18 @@ def run_job(spec: JobSpec, *, engine=None) -> dict:
             stats = _stream(session, engine, SINGLE, select=None, on_progress=None)
             return session.finalize(stats)
     if spec.restart:
-        raise UsageError("--restart cannot be combined with --shard: restart the whole job once without --shard")
+        raise UsageError(
+            "--restart cannot be combined with --shard: restart the whole job once without --shard"
+        )
     partition = parse_shard(spec.shard)
     with open_job(spec, writer=partition.tag) as session:
         stats = _slice(session, engine, partition, on_progress=None)
         return session.report(stats, load_committed(session.out), select=partition.owns)
 
 
-def run_slice(spec: JobSpec, partition: Partition, engine, on_progress: ProgressHook | None = None) -> RunStats:
+def run_slice(
+    spec: JobSpec, partition: Partition, engine, on_progress: ProgressHook | None = None
+) -> RunStats:
     """A Ray worker's slice: the driver holds the lock; marks the slice done; returns its RunStats."""
     with open_job(spec, lock=False, writer=partition.tag) as session:
         return _slice(session, engine, partition, on_progress)
@@ -80,7 +84,9 @@ def _stream(session: JobSession, engine, writer: str, select, on_progress: Progr
     already = len(committed.done) if select is None else sum(1 for r in committed.done.rows() if select(r))
     total = session.total_rows if select is None else None
     # A caller with its own progress hook (a Ray worker) shows one bar for everyone: none here.
-    progress = ProgressBar(total, already, stats, quiet=spec.quiet or on_progress is not None, label=spec.task)
+    progress = ProgressBar(
+        total, already, stats, quiet=spec.quiet or on_progress is not None, label=spec.task
+    )
     driver = Driver(engine, session.task, results, errors, stats, keep_fields=spec.keep_fields)
     driver.on_record, driver.on_step = _hooks(progress, stats, on_progress, already)
 

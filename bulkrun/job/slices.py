@@ -88,6 +88,7 @@ def all_partitions(count: int) -> list[Partition]:
     """Every slice of a `count`-way split: together they own each row exactly once."""
     return [Partition(index, count) for index in range(count)]
 
+
 class IncompleteSlices(Incomplete):
     """Raised by check_complete: some slices have not finished (the message lists them)."""
 

@@ -123,7 +123,9 @@ def _table(tmp_path, fmt: str) -> str:
         ("jsonl", ["--text-field", "body"], "--text-field 'body'"),
     ],
 )
-def test_a_field_the_input_lacks_stops_the_job_before_any_work(bulkrun, tmp_path, cli_model, fmt, flags, named):
+def test_a_field_the_input_lacks_stops_the_job_before_any_work(
+    bulkrun, tmp_path, cli_model, fmt, flags, named
+):
     source = _table(tmp_path, fmt) if fmt != "jsonl" else write_jsonl(tmp_path / "in.jsonl", texts(5))
     out = tmp_path / "out"
     exit_code, _, err = bulkrun("generate", source, "--out", out, "--model", cli_model, "--quiet", *flags)
@@ -182,4 +184,6 @@ def test_a_really_full_then_read_only_filesystem(bulkrun, tmp_path, cli_model, s
     ballast.unlink()
     assert bulkrun("generate", source, *_args(cli_model, out))[0] == EXIT_OK
     assert sorted(committed_rows(out)) == list(range(120))
-    assert read_jsonl(small_filesystem / "out" / "results.jsonl") == read_jsonl(tmp_path / "clean" / "results.jsonl")
+    assert read_jsonl(small_filesystem / "out" / "results.jsonl") == read_jsonl(
+        tmp_path / "clean" / "results.jsonl"
+    )

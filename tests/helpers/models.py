@@ -60,8 +60,6 @@ def make_tiny_model(directory: Path, max_positions: int = 512, seed: int = 0) ->
     return directory
 
 
-
-
 def make_model_for_tokenizer(directory: Path, tokenizer, *, embed_scale: float = 20.0) -> Path:
     """A 2-layer random Llama (hidden 64) with a real tokenizer's vocabulary, so real prompts work.
     Random weights give near-uniform distributions; a larger embedding scale makes scores differ."""
