@@ -29,7 +29,7 @@ from pathlib import Path
 from bulkrun.errors import ModelError, OutputError, UsageError
 from bulkrun.io.atomic import make_dirs, write_json_atomic
 from bulkrun.io.formats import OPENAI, detect_format
-from bulkrun.io.lock import JobLock
+from bulkrun.io.lock import JobLock, lock_name
 from bulkrun.io.manifest import (
     build_manifest,
     describe_change,
@@ -130,7 +130,7 @@ def open_job(spec: JobSpec, *, lock: bool = True, writer: str = SINGLE) -> Itera
     check_named_fields(spec, task, input_path, fmt)
     model_path, model_info = resolve_model(spec)
     out = out_dir(spec)
-    job_lock = JobLock(lock_path(out, writer))
+    job_lock = JobLock(out / lock_name(writer))
     if lock:
         job_lock.acquire()
     try:
@@ -219,10 +219,6 @@ def task_context(spec: JobSpec, engine) -> TaskContext:
         text_field=spec.text_field,
         prompt_template=spec.prompt_template,
     )
-
-
-def lock_path(out: Path, writer: str) -> Path:
-    return out / ("lock" if writer == SINGLE else f"lock.{writer}")
 
 
 def wipe(out: Path) -> None:
