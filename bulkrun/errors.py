@@ -7,14 +7,15 @@ code  name               meaning
 ====  =================  ==========================================================================
 0     OK                 every row done (or the command succeeded)
 1     FATAL              an unexpected internal error (a bug: the traceback is shown)
-2     USAGE              bad command line or job spec: unknown option or key, invalid value
+2     USAGE              bad command line or job spec: unknown option or key, invalid value, a field
+                         named by an option that the input does not have
 3     ROW_ERRORS         the job finished, but some rows became error records (see OUT/errors.*)
 4     INPUT              the input cannot be read: missing, unreadable, unknown or broken format
 5     MODEL              the model cannot be found or loaded
 6     LOCKED             another live run holds the output directory's lock
 7     JOB_CHANGED        OUT holds a different job (spec, model or input changed); rerun with --restart
 8     INCOMPLETE         export/status: the job (or some --shard slices) has not finished
-9     OUTPUT             the output directory cannot be written
+9     OUTPUT             the output directory cannot be written (full disk, read-only, permissions)
 130   INTERRUPTED        stopped by Ctrl-C / SIGTERM; committed shards are kept, rerun to resume
 ====  =================  ==========================================================================
 
