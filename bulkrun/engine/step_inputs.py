@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from bulkrun.model.attention_metadata import AttentionMetadata
 from bulkrun.engine.request import Request
 from bulkrun.engine.scheduler import ScheduledRequest
-from bulkrun.model.attention_metadata import AttentionMetadata
 
 
 @dataclass(slots=True)
