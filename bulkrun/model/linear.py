@@ -57,6 +57,14 @@ class Linear(nn.Module):
         self.panels: torch.Tensor | None = None
         self.panel_bias: torch.Tensor | None = None
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype inputs must have: the weight's, or its packed copy's once the plain one is dropped."""
+        for t in (self.weight, self.packed, self.panels):
+            if t is not None:
+                return t.dtype
+        raise RuntimeError("a Linear without weights")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.panels is not None and (self.packed is None or x.shape[0] <= SMALL_ROWS):
             return self._small_gemm(x)

@@ -29,6 +29,16 @@ _FUSED = {
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
+# A CPU model in a narrower dtype keeps these in float32: the LM head's logits (and the exact greedy
+# screen over them) stay fp32 products of the bf16 hidden state, and the embedding is tied to it.
+_FP32_ON_CPU = ("embed_tokens", "lm_head.weight")
+
+
+def param_dtype(name: str, dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype parameter `name` is stored in for a model run in `dtype` on `device`."""
+    return torch.float32 if device.type == "cpu" and name in _FP32_ON_CPU else dtype
+
+
 def load_model(model_dir: str | Path, ops, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
     """Build the model for model_dir's config and fill every parameter from its safetensors files."""
     model_dir = Path(model_dir)
@@ -46,7 +56,7 @@ def load_model(model_dir: str | Path, ops, dtype: torch.dtype, device: torch.dev
         )
         if value.shape != param.shape:
             raise ValueError(f"{sources[0]} has shape {tuple(value.shape)}, expected {tuple(param.shape)}")
-        param.data = value.to(device=device, dtype=dtype).contiguous()
+        param.data = value.to(device=device, dtype=param_dtype(name, dtype, device)).contiguous()
         used.update(sources)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens
