@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+
 def row_norms(weight: torch.Tensor) -> torch.Tensor:
     """fp32 [V]: each row's 2-norm, rounded up (the bound needs >= the truth). Computed in fp32 (a
     quarter of the float64 pass's start-up time): K squares and sums in any order are within

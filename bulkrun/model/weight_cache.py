@@ -50,7 +50,10 @@ def read(path: Path) -> dict[str, torch.Tensor] | None:
     """name -> tensor viewing the mapped file; None when there is no (readable) file."""
     try:
         with open(path, "rb") as f:
-            buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            # private (copy-on-write) and populated in one call: faulting 4 KiB pages in one by one
+            # as the packing first reads them costs more than the whole mapping
+            flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
+            buffer = mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     except (OSError, ValueError):
         return None
     (header_len,) = struct.unpack("<Q", buffer[:8])
