@@ -27,6 +27,7 @@ from bulkrun_kernels.cpu_build import cache_base
 
 log = logging.getLogger("bulkrun.model")
 FORMAT_VERSION = "1"  # bump when what the loader stores changes
+_MADV_POPULATE_READ = 22  # Linux 5.14+; Python 3.11's mmap module has no name for it
 _DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I64": torch.int64}
 
 
@@ -50,12 +51,10 @@ def read(path: Path) -> dict[str, torch.Tensor] | None:
     """name -> tensor viewing the mapped file; None when there is no (readable) file."""
     try:
         with open(path, "rb") as f:
-            # private (copy-on-write) and populated in one call: faulting 4 KiB pages in one by one
-            # as the packing first reads them costs more than the whole mapping
-            flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
-            buffer = mmap.mmap(f.fileno(), 0, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     except (OSError, ValueError):
         return None
+    _populate_read(buffer)
     (header_len,) = struct.unpack("<Q", buffer[:8])
     header = json.loads(buffer[8 : 8 + header_len])
     header.pop("__metadata__", None)
@@ -70,6 +69,16 @@ def read(path: Path) -> dict[str, torch.Tensor] | None:
             flat = torch.frombuffer(buffer, dtype=dtype, count=count, offset=base + start)
         tensors[name] = flat.view(entry["shape"])
     return tensors
+
+
+def _populate_read(buffer: mmap.mmap) -> None:
+    """Map every page of the file now, read-only (shared with the page cache), in one call: faulting
+    4 KiB pages in one by one as packing first reads them costs more. (MAP_POPULATE would break
+    copy-on-write on every page of a writable private mapping: a private copy of the whole file.)"""
+    try:
+        buffer.madvise(getattr(mmap, "MADV_POPULATE_READ", _MADV_POPULATE_READ))
+    except (OSError, ValueError, AttributeError):  # before Linux 5.14, or not Linux: pages fault in lazily
+        pass
 
 
 def write(path: Path, tensors: dict[str, torch.Tensor]) -> None:
