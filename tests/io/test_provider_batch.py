@@ -9,6 +9,7 @@ from bulkrun.io.provider_batch import (
     BatchExport,
     BatchRequest,
     BatchSampling,
+    ExportExists,
     ResponseFormat,
     UnsupportedOption,
     anthropic,
@@ -259,3 +260,33 @@ def test_the_real_request_limit_splits_a_large_export(tmp_path):
     export = write_batch(rows, "openai", "m", BatchSampling(max_tokens=1), tmp_path)
     assert [f.requests for f in export.files] == [openai.MAX_REQUESTS, 1]
     assert BatchExport.load(tmp_path).files == export.files
+
+
+def test_an_earlier_export_is_refused_or_replaced_whole(tmp_path, monkeypatch):
+    monkeypatch.setattr(openai, "MAX_REQUESTS", 2)
+    rows = [BatchRequest(i, f"r{i}", chat("q")) for i in range(5)]
+    write_batch(rows, "openai", "m", BatchSampling(max_tokens=4), tmp_path)
+    with pytest.raises(ExportExists, match="already holds a batch export"):
+        write_batch(rows[:1], "anthropic", "m", BatchSampling(max_tokens=4), tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    export = write_batch(rows[:1], "anthropic", "m", BatchSampling(max_tokens=4), tmp_path, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "anthropic-00001.jsonl",
+        "batch.json",
+        MAP_FILE,
+        "notes.txt",
+    ]
+    assert export.rows == 1
+
+
+def test_a_failed_export_leaves_no_files_that_look_complete(tmp_path, monkeypatch):
+    monkeypatch.setattr(openai, "MAX_REQUESTS", 2)
+
+    def rows():
+        for i in range(5):
+            yield BatchRequest(i, f"r{i}", chat("q"))
+        raise OSError("input vanished")
+
+    with pytest.raises(OSError, match="vanished"):
+        write_batch(rows(), "openai", "m", BatchSampling(max_tokens=4), tmp_path)
+    assert list(tmp_path.iterdir()) == []

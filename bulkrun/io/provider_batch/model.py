@@ -11,6 +11,10 @@ class UnsupportedOption(UsageError):
     """A job option the provider cannot honour (e.g. top_k on OpenAI): refused before any file is written."""
 
 
+class ExportExists(UsageError):
+    """The export directory already holds an export (its results may still be on their way)."""
+
+
 class ProviderBatchError(InputError):
     """A result or id-map file that cannot be read: broken JSON, a missing field, an unknown custom_id."""
 

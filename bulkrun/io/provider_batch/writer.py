@@ -29,6 +29,7 @@ from bulkrun.io.provider_batch.model import (
     BatchError,
     BatchRequest,
     BatchSampling,
+    ExportExists,
     RowRefused,
     UnsupportedOption,
 )
@@ -95,6 +96,15 @@ class SplitWriter:
         self.files.append(BatchFile(name, 0, self.overhead))
         self._handle = (self.directory / (TMP_PREFIX + name)).open("wb")
 
+    def abort(self) -> None:
+        """Remove everything this writer wrote: without its manifest an export is not one."""
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+            (self.directory / (TMP_PREFIX + self.files[-1].name)).unlink(missing_ok=True)
+        for f in self.files:
+            (self.directory / f.name).unlink(missing_ok=True)
+
     def _finish(self) -> None:
         if self._handle is None:
             return
@@ -114,15 +124,18 @@ def write_batch(
     sampling: BatchSampling,
     directory: Path,
     on_refused: Callable[[BatchError], None] = lambda error: None,
+    overwrite: bool = False,
 ) -> BatchExport:
     """Write the requests as `provider` batch files under `directory`; rows the provider's format cannot
     express go to `on_refused` as error records. An option the provider cannot honour raises
-    UnsupportedOption before anything is written."""
+    UnsupportedOption, and an earlier export in `directory` raises ExportExists (unless `overwrite`),
+    before anything is written. batch.json is written last: an export without it is incomplete."""
     fmt = PROVIDERS.get(provider)
     if fmt is None:
         raise UnsupportedOption(f"unknown provider {provider!r} (choose from {', '.join(PROVIDERS)})")
     fmt.check_sampling(sampling)
     directory = Path(directory)
+    _clear_earlier_export(directory, overwrite)
     directory.mkdir(parents=True, exist_ok=True)
     export = BatchExport(provider, model, sampling.n, per_sample=not fmt.NATIVE_N and sampling.n > 1)
     splitter = SplitWriter(directory, provider, fmt.MAX_REQUESTS, fmt.MAX_BYTES, fmt.FILE_OVERHEAD_BYTES)
@@ -142,11 +155,34 @@ def write_batch(
                     export.requests += 1
         export.files = splitter.close()
         os.replace(map_tmp, directory / MAP_FILE)
-    finally:
-        splitter.close()
+    except BaseException:
+        splitter.abort()
         map_tmp.unlink(missing_ok=True)
+        raise
     write_json_atomic(directory / MANIFEST, asdict(export))
     return export
+
+
+def _earlier_export(directory: Path) -> list[Path]:
+    if not directory.is_dir():
+        return []
+    names = [MANIFEST, MAP_FILE]
+    found = [directory / name for name in names if (directory / name).exists()]
+    return found + sorted(
+        p for name in PROVIDERS for p in directory.glob(f"{name}-[0-9][0-9][0-9][0-9][0-9].jsonl")
+    )
+
+
+def _clear_earlier_export(directory: Path, overwrite: bool) -> None:
+    """An earlier export's files would mix with this one's (a stale part file, another id map)."""
+    earlier = _earlier_export(directory)
+    if earlier and not overwrite:
+        raise ExportExists(
+            f"{directory} already holds a batch export ({earlier[0].name}); choose another "
+            "directory or overwrite it"
+        )
+    for path in earlier:
+        path.unlink()
 
 
 def _request_lines(fmt, req: BatchRequest, model: str, sampling: BatchSampling, export: BatchExport):
