@@ -2,6 +2,8 @@
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -290,3 +292,24 @@ def test_a_failed_export_leaves_no_files_that_look_complete(tmp_path, monkeypatc
     with pytest.raises(OSError, match="vanished"):
         write_batch(rows(), "openai", "m", BatchSampling(max_tokens=4), tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_rows_own_sampling_is_checked_row_by_row(tmp_path):
+    refused = []
+    rows = [
+        BatchRequest(0, "own", chat("q"), BatchSampling(max_tokens=99, temperature=0.3)),
+        BatchRequest(1, "too-hot", chat("q"), BatchSampling(max_tokens=8, temperature=1.5)),
+        BatchRequest(2, "two", chat("q"), BatchSampling(max_tokens=8, n=2)),
+    ]
+    write_batch(rows, "anthropic", "m", BatchSampling(max_tokens=8), tmp_path, on_refused=refused.append)
+    [entry] = lines(tmp_path / "anthropic-00001.jsonl")
+    assert (entry["params"]["max_tokens"], entry["params"]["temperature"]) == (99, 0.3)
+    assert [(e.id, e.kind) for e in refused] == [
+        ("too-hot", "unsupported_option"),
+        ("two", "invalid_request"),
+    ]
+
+
+def test_the_package_needs_no_torch():
+    code = "import sys, bulkrun.io.provider_batch; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
