@@ -263,3 +263,16 @@ def test_missing_export_files_are_clear_errors(tmp_path):
     _, id_map, _ = export(tmp_path, "openai")
     with pytest.raises(ProviderBatchError, match="cannot read the result file"):
         list(read_results([tmp_path / "absent.jsonl"], id_map))
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_records_have_a_local_runs_columns(tmp_path, n):
+    from bulkrun.engine.outputs import RequestOutput
+    from bulkrun.tasks.base import generation_columns
+
+    local = generation_columns([RequestOutput(str(k), [1, 2], [3], "t", "stop") for k in range(n)], n)
+    _, id_map, ids = export(tmp_path, "anthropic", n=n)
+    path = write_lines(tmp_path / "r.jsonl", [anthropic_ok(c, "t") for c in ids if c.startswith("id-0")])
+    _, [record] = assemble(read_results([path], id_map, n=n), n=n)
+    assert list(record) == ["row", "id", *local]
+    assert [type(record[k]) for k in local] == [type(v) for v in local.values()]
