@@ -58,11 +58,11 @@ def run(
     overrides = dict(opts)
     if input is not None:
         overrides["input"] = input
-    overrides.update(_parse_sets(set_ or []))
+    overrides.update(parse_sets(set_ or []))
     return execute(spec_from_file(spec, overrides))
 
 
-def _parse_sets(items: list[str]) -> dict:
+def parse_sets(items: list[str]) -> dict:
     """`key=value` pairs; the value is read as a TOML value when it is one (numbers, lists,
     true/false, quoted strings), else taken as a plain string."""
     try:
