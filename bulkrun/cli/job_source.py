@@ -12,10 +12,14 @@ from bulkrun.cli.jobs import parse_sets
 from bulkrun.job.spec import JobSpec, build_spec, spec_from_file
 
 SOURCE = typer.Argument(
-    ..., help="Input file (.jsonl, .parquet, .csv, OpenAI batch .jsonl) or a job spec (.toml).", show_default=False
+    ...,
+    help="Input file (.jsonl, .parquet, .csv, OpenAI batch .jsonl) or a job spec (.toml).",
+    show_default=False,
 )
 TASK = typer.Option(None, "--task", help="The job's task when SOURCE is an input file (default: generate).")
-SETS = typer.Option(None, "--set", help="Any other spec key, e.g. a task option: --set labels=[...] (repeatable).")
+SETS = typer.Option(
+    None, "--set", help="Any other spec key, e.g. a task option: --set labels=[...] (repeatable)."
+)
 
 
 def job_spec(source: Path, task: str | None, sets: list[str] | None, opts: dict) -> JobSpec:

@@ -51,7 +51,9 @@ def export_batch(
 
 @app.command("import-batch")
 def import_batch(
-    out: Path = typer.Argument(..., help="The job's output directory (where export-batch wrote).", show_default=False),
+    out: Path = typer.Argument(
+        ..., help="The job's output directory (where export-batch wrote).", show_default=False
+    ),
     result_files: list[Path] = typer.Argument(
         ..., help="OpenAI batch output / error files or Anthropic results files.", show_default=False
     ),

@@ -155,7 +155,9 @@ def _load_schema(text: str) -> dict:
     try:
         return json.loads(Path(text).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise UsageError(f"--json-schema {text!r}: not a JSON schema or a readable schema file ({exc})") from None
+        raise UsageError(
+            f"--json-schema {text!r}: not a JSON schema or a readable schema file ({exc})"
+        ) from None
 
 
 def _batch_request(builder: PromptBuilder, prepared: Prepared, job: BatchSampling | None) -> BatchRequest:

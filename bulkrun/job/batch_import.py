@@ -45,7 +45,9 @@ def import_batch(out: Path, result_files: list[Path], export_dir: Path | None = 
     export, id_map = load_export(export_dir)
     job = read_job_file(export_dir) or {}
     if job.get("fingerprint") not in (None, job_fingerprint(manifest)):
-        raise JobChanged(f"the batch export in '{export_dir}' was made for another job than the one in '{out}'")
+        raise JobChanged(
+            f"the batch export in '{export_dir}' was made for another job than the one in '{out}'"
+        )
     for path in result_files:
         if not Path(path).is_file():
             raise InputError(f"result file '{path}' does not exist")

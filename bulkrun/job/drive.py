@@ -116,7 +116,9 @@ class Driver:
         if pending.error is not None:
             self._write_error(error_record(item.index, item.id, pending.error))
             return
-        record = keep_input_fields({"row": item.index, "id": item.id, **columns}, item.fields, self.keep_fields)
+        record = keep_input_fields(
+            {"row": item.index, "id": item.id, **columns}, item.fields, self.keep_fields
+        )
         self.results.add(record)
         self.stats.items += 1
         self.on_record()

@@ -1,11 +1,10 @@
 """Export side: request files in each provider's documented shape, split at its limits, ids mapped."""
 
-import json
-import re
 import subprocess
 import sys
 
 import pytest
+from helpers.provider_batch import ANTHROPIC_ID, check_anthropic_entry, check_openai_line, lines
 
 from bulkrun.io.provider_batch import (
     BatchExport,
@@ -21,56 +20,6 @@ from bulkrun.io.provider_batch import (
 )
 from bulkrun.io.provider_batch.custom_ids import MAP_FILE, base_custom_id
 from bulkrun.io.provider_batch.writer import SplitWriter
-
-ANTHROPIC_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # Message Batches: custom_id
-OPENAI_BODY_KEYS = {
-    "model",
-    "messages",
-    "max_completion_tokens",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "seed",
-    "stop",
-    "n",
-    "response_format",
-}
-ANTHROPIC_PARAM_KEYS = {
-    "model",
-    "max_tokens",
-    "messages",
-    "system",
-    "temperature",
-    "top_p",
-    "top_k",
-    "stop_sequences",
-    "output_config",
-}
-
-
-def check_openai_line(obj):
-    assert set(obj) == {"custom_id", "method", "url", "body"}
-    assert isinstance(obj["custom_id"], str) and obj["custom_id"]
-    assert obj["method"] == "POST" and obj["url"] == "/v1/chat/completions"
-    body = obj["body"]
-    assert set(body) <= OPENAI_BODY_KEYS and {"model", "messages"} <= set(body)
-    assert all(
-        m["role"] in ("system", "developer", "user", "assistant") and isinstance(m["content"], str)
-        for m in body["messages"]
-    )
-
-
-def check_anthropic_entry(obj):
-    assert set(obj) == {"custom_id", "params"}
-    assert ANTHROPIC_ID.match(obj["custom_id"])
-    params = obj["params"]
-    assert set(params) <= ANTHROPIC_PARAM_KEYS and {"model", "max_tokens", "messages"} <= set(params)
-    assert isinstance(params["max_tokens"], int) and params["max_tokens"] >= 1
-    assert params["messages"] and all(m["role"] in ("user", "assistant") for m in params["messages"])
-
-
-def lines(path):
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def chat(text, system=None):

@@ -4,6 +4,14 @@ result and error records shaped like a local run's."""
 import json
 
 import pytest
+from helpers.provider_batch import (
+    anthropic_errored,
+    anthropic_ok,
+    openai_error_line,
+    openai_http_error,
+    openai_ok,
+    write_lines,
+)
 
 from bulkrun.io.provider_batch import (
     BatchError,
@@ -31,84 +39,6 @@ def export(tmp_path, provider, n=1):
     batch, id_map = load_export(out)
     sent = [json.loads(line) for f in batch.files for line in (out / f.name).read_text().splitlines()]
     return batch, id_map, [obj["custom_id"] for obj in sent]
-
-
-def write_lines(path, objs):
-    path.write_text("".join(json.dumps(o) + "\n" for o in objs))
-    return path
-
-
-def openai_ok(custom_id, texts, reason="stop", prompt=7, completion=3):
-    choices = [
-        {
-            "index": i,
-            "message": {"role": "assistant", "content": t, "refusal": None},
-            "finish_reason": reason,
-            "logprobs": None,
-        }
-        for i, t in enumerate(texts)
-    ]
-    body = {
-        "id": "chatcmpl-1",
-        "object": "chat.completion",
-        "created": 1,
-        "model": "m",
-        "choices": choices,
-        "usage": {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-        },
-    }
-    return {
-        "id": "batch_req_1",
-        "custom_id": custom_id,
-        "error": None,
-        "response": {"status_code": 200, "request_id": "req_1", "body": body},
-    }
-
-
-def openai_http_error(custom_id, status, err_type, code=None):
-    body = {"error": {"message": "bad thing", "type": err_type, "param": None, "code": code}}
-    return {
-        "id": "batch_req_2",
-        "custom_id": custom_id,
-        "error": None,
-        "response": {"status_code": status, "request_id": "req_2", "body": body},
-    }
-
-
-def openai_error_line(custom_id, code):
-    return {
-        "id": "batch_req_3",
-        "custom_id": custom_id,
-        "response": None,
-        "error": {"code": code, "message": f"{code} happened"},
-    }
-
-
-def anthropic_ok(custom_id, text, stop_reason="end_turn"):
-    message = {
-        "id": "msg_1",
-        "type": "message",
-        "role": "assistant",
-        "model": "m",
-        "content": [{"type": "text", "text": text}],
-        "stop_reason": stop_reason,
-        "stop_sequence": None,
-        "usage": {
-            "input_tokens": 5,
-            "output_tokens": 2,
-            "cache_read_input_tokens": 4,
-            "cache_creation_input_tokens": 0,
-        },
-    }
-    return {"custom_id": custom_id, "result": {"type": "succeeded", "message": message}}
-
-
-def anthropic_errored(custom_id, err_type):
-    error = {"type": "error", "error": {"type": err_type, "message": "no good"}, "request_id": None}
-    return {"custom_id": custom_id, "result": {"type": "errored", "error": error}}
 
 
 def assemble(outcomes, n=1, as_lists=False):
