@@ -64,14 +64,18 @@ def test_openai_export_then_import_gives_a_local_runs_layout(bulkrun, tmp_path, 
     assert id_of["r0"] == texts(1)[0]["text"]
     ok = [openai_ok(cid, [by_id["x y" if cid == "row-8" else cid]["text"]], "length") for cid in id_of]
     output = write_lines(tmp_path / "output.jsonl", ok[:-1])
-    failed = write_lines(tmp_path / "errors.jsonl", [openai_error_line(sent[-1]["custom_id"], "batch_expired")])
+    failed = write_lines(
+        tmp_path / "errors.jsonl", [openai_error_line(sent[-1]["custom_id"], "batch_expired")]
+    )
     code, _, err = bulkrun("import-batch", tmp_path / "batch", output, failed)
     assert code == EXIT_INCOMPLETE, err  # an expired request is no error record: its row stays to do
     code, _, err = bulkrun("import-batch", tmp_path / "batch", write_lines(tmp_path / "late.jsonl", ok[-1:]))
     assert code == EXIT_ROW_ERRORS, err  # complete: the final files are written, as after a local run
     imported = read_jsonl(tmp_path / "batch" / "results.jsonl")
     assert [list(r) for r in imported] == [list(r) for r in results]
-    assert [(r["row"], r["id"], r["text"]) for r in imported] == [(r["row"], r["id"], r["text"]) for r in results]
+    assert [(r["row"], r["id"], r["text"]) for r in imported] == [
+        (r["row"], r["id"], r["text"]) for r in results
+    ]
     assert read_jsonl(tmp_path / "batch" / "errors.jsonl") == errors  # the duplicate r1, nofield
     code, out, _ = bulkrun("status", tmp_path / "batch", "--json")
     assert code == 0 and json.loads(out)["remaining"] == 0
