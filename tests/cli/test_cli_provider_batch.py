@@ -142,3 +142,29 @@ def test_an_option_the_provider_cannot_honour_stops_before_any_file(bulkrun, tmp
     )  # fmt: skip
     assert code == EXIT_USAGE and "top_k" in err
     assert not (tmp_path / "o" / "batch" / "batch.json").exists()
+
+
+def test_openai_batch_input_keeps_its_rows_sampling_and_a_local_runs_columns(bulkrun, tmp_path, cli_model):
+    def line(i):
+        body = {"model": "x", "messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 2 + i}
+        return {"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+    source = write_jsonl(tmp_path / "batch.jsonl", [line(i) for i in range(3)])
+    flags = ["--model", cli_model, "--quiet", *ENGINE_FLAGS]
+    assert bulkrun("generate", source, *flags, "--out", tmp_path / "local")[0] == 0
+    code, _, err = bulkrun(
+        "export-batch", source, *flags, "--out", tmp_path / "out", "--provider", "anthropic",
+        "--provider-model", "m",
+    )  # fmt: skip
+    assert code == 0, err
+    sent = lines(tmp_path / "out" / "batch" / "anthropic-00001.jsonl")
+    assert [o["params"]["max_tokens"] for o in sent] == [2, 3, 4]
+    results = write_lines(tmp_path / "r.jsonl", [anthropic_ok(o["custom_id"], "ok") for o in sent])
+    assert bulkrun("import-batch", tmp_path / "out", results)[0] == 0
+    local = read_jsonl(tmp_path / "local" / "results.jsonl")
+    imported = read_jsonl(tmp_path / "out" / "results.jsonl")
+    assert [list(r) for r in imported] == [list(r) for r in local]
+    assert [(r["id"], r["text"], r["endpoint"]) for r in imported] == [
+        (f"q{i}", ["ok"], "/v1/chat/completions") for i in range(3)
+    ]
+    assert len(read_jsonl(tmp_path / "out" / "output.jsonl")) == 3
