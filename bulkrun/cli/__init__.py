@@ -17,7 +17,7 @@ import click
 from bulkrun.cli.app import app
 from bulkrun.errors import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_USAGE, BulkrunError
 
-_COMMAND_MODULES = ("jobs", "classify", "eval", "outdir")
+_COMMAND_MODULES = ("jobs", "classify", "eval", "outdir", "plan", "provider_batch")
 
 
 def _register_commands() -> None:

@@ -52,11 +52,11 @@ def run(spec: Path, opts: dict) -> int:
     Flags given here override the spec's values; a rerun resumes where the last run stopped.
     """
     overrides = dict(opts)
-    overrides.update(_parse_sets(overrides.pop("set", [])))
+    overrides.update(parse_sets(overrides.pop("set", [])))
     return execute(spec_from_file(spec, overrides))
 
 
-def _parse_sets(items: list[str]) -> dict:
+def parse_sets(items: list[str]) -> dict:
     """`key=value` pairs; the value is read as a TOML value when it is one (numbers, lists,
     true/false, quoted strings), else taken as a plain string."""
     try:

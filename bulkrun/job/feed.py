@@ -66,14 +66,15 @@ class PromptBuilder:
             if isinstance(rendered, RawText) or not self.chat_template:
                 texts.append((item, _plain_text(rendered), True))
             else:
-                chats.append((item, self._messages(rendered)))
+                chats.append((item, self.messages(rendered)))
         texts += self._apply_chat_template(chats, errors)
         prepared = self._tokenize(texts, errors)
         if sort:
             prepared.sort(key=lambda p: -(p.prompt_len // BUCKET_TOKENS))
         return prepared, errors
 
-    def _messages(self, rendered: str | list[dict]) -> list[dict]:
+    def messages(self, rendered: str | list[dict]) -> list[dict]:
+        """A rendered prompt as chat messages, with the system message (what a provider batch sends)."""
         messages = [{"role": "user", "content": rendered}] if isinstance(rendered, str) else list(rendered)
         if self.system is not None and not any(m.get("role") == "system" for m in messages):
             messages.insert(0, {"role": "system", "content": self.system})

@@ -116,9 +116,9 @@ class JobLoop:
         if pending.error is not None:
             self._write_error(error_record(item.index, item.id, pending.error))
             return
-        record = {"row": item.index, "id": item.id, **columns}
-        for name in self.keep_fields:  # copied input columns; prefixed where a name is taken
-            record[name if name not in record else f"input_{name}"] = item.fields.get(name)
+        record = keep_input_fields(
+            {"row": item.index, "id": item.id, **columns}, item.fields, self.keep_fields
+        )
         self.results.add(record)
         self.stats.items += 1
         self.on_record()
@@ -127,6 +127,13 @@ class JobLoop:
         self.errors.add(record)
         self.stats.errors += 1
         self.on_record()
+
+
+def keep_input_fields(record: dict, fields: dict, names: list[str]) -> dict:
+    """Copy the --keep-field input columns into a result record; prefixed `input_` where a name is taken."""
+    for name in names:
+        record[name if name not in record else f"input_{name}"] = fields.get(name)
+    return record
 
 
 def _split_id(request_id: str) -> tuple[int, int]:

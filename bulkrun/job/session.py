@@ -207,6 +207,28 @@ def load_engine(spec: JobSpec, model_path: Path | None = None):
         raise ModelError(f"cannot load model '{model_path}': {exc}") from None
 
 
+@dataclass(frozen=True)
+class PromptSide:
+    """What turning rows into prompts needs of a model (its tokenizer and context length), without
+    loading weights or a KV cache: for commands that prepare prompts but run nothing (export-batch)."""
+
+    tokenizer: object
+    max_model_len: int
+
+
+def load_prompt_side(spec: JobSpec, model_path: Path) -> PromptSide:
+    from transformers import AutoTokenizer
+
+    from bulkrun.model.config import ModelConfig
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        max_len = ModelConfig.from_model_dir(model_path).max_model_len
+    except (ValueError, OSError, NotImplementedError) as exc:
+        raise ModelError(f"cannot load model '{model_path}': {exc}") from None
+    return PromptSide(tokenizer, min(max_len, spec.max_model_len or max_len))
+
+
 def task_context(spec: JobSpec, engine) -> TaskContext:
     tokenizer = engine.tokenizer
     if spec.chat_template and not getattr(tokenizer, "chat_template", None):

@@ -1,0 +1,82 @@
+"""`bulkrun plan`'s wall-time estimate against the real run, for two job sizes on the default model.
+
+For each size: the shipped tickets (bulkrun/data/tickets.jsonl) repeated to N rows with fresh ids,
+greedy generation of a few tokens; `bulkrun plan --json` (its own sample run on the engine), then the
+job itself (`bulkrun generate`), each in a fresh process. Printed: plan's estimate, the job's engine wall
+time (report.json wall_time_s: from the first row read to the last shard committed; model loading is
+not part of either), their ratio, and whether plan's row and prompt-token counts equal the job's.
+Target: the estimate within 25% of the actual run.
+
+    flock /tmp/bulkrun-bench.lock .venv/bin/python bench/plan_bench.py [--sizes 60,240] [--max-tokens 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TICKETS = ROOT / "bulkrun" / "data" / "tickets.jsonl"
+
+
+def write_input(path: Path, rows: int) -> None:
+    tickets = [json.loads(line) for line in TICKETS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(rows):
+            f.write(json.dumps({"id": f"t{i}", "text": tickets[i % len(tickets)]["text"]}) + "\n")
+
+
+def bulkrun(*args: str) -> str:
+    cmd = [str(Path(sys.executable).parent / "bulkrun"), *args]  # the console script of this venv
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode not in (0, 3):
+        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    return done.stdout
+
+
+def measure(rows: int, max_tokens: int, work: Path) -> dict:
+    source = work / f"tickets-{rows}.jsonl"
+    write_input(source, rows)
+    job = [str(source), "--id-field", "id", "--max-tokens", str(max_tokens), "--quiet"]
+    plan = json.loads(bulkrun("plan", *job, "--json"))
+    out = work / f"run-{rows}"
+    bulkrun("generate", *job, "--out", str(out))
+    report = json.loads((out / "report.json").read_text())
+    return {
+        "rows": rows,
+        "estimate_s": plan["wall_seconds_estimate"],
+        "actual_s": report["wall_time_s"],
+        "sample_tok_s": plan["engine_tokens_per_s"],
+        "counts_equal": plan["rows"] == report["rows"] and plan["prompt_tokens"] == report["prompt_tokens"],
+        "generated_estimate": plan["generated_tokens_estimate"],
+        "generated_actual": report["generated_tokens"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="60,240", help="job sizes in rows, comma separated")
+    parser.add_argument("--max-tokens", type=int, default=16)
+    args = parser.parse_args()
+    print(f"plan estimate vs actual run, default model, greedy, max_tokens {args.max_tokens}")
+    print(
+        f"{'rows':>6} {'estimate s':>11} {'actual s':>9} {'est/act':>8} {'gen est':>8} {'gen act':>8}  counts"
+    )
+    with tempfile.TemporaryDirectory(prefix="plan-bench-") as tmp:
+        for rows in (int(s) for s in args.sizes.split(",")):
+            m = measure(rows, args.max_tokens, Path(tmp))
+            ratio = m["estimate_s"] / m["actual_s"]
+            flag = "ok" if abs(ratio - 1) <= 0.25 else "OFF TARGET (25%)"
+            print(
+                f"{rows:>6} {m['estimate_s']:>11.1f} {m['actual_s']:>9.1f} {ratio:>8.2f} "
+                f"{m['generated_estimate']:>8} {m['generated_actual']:>8}  "
+                f"{'equal' if m['counts_equal'] else 'DIFFER'}  {flag}"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""`bulkrun plan`: a job's figures before it runs, measured the way the job would meet them.
+
+The input goes through exactly what a job uses (reader, IdRegistry, PromptBuilder in a Feed, the job's
+model and tokenizer), so rows, bad rows by kind and prompt tokens are the job's own. Nothing is written
+to OUT. The first `sample` good rows then run on the engine (Engine.stream, the job's one loop) to
+measure generated tokens per request and the engine's throughput on this machine; plan_estimate turns
+the figures into the estimate (see its docstring for the model).
+
+Memory is bounded as in a job: a window at a time, prompt lengths as a histogram, the shared prefix as
+one list, and only the sample's requests kept.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from bulkrun.io.formats import OPENAI, detect_format
+from bulkrun.io.readers import read_rows
+from bulkrun.job.feed import Feed, IdRegistry, Prepared, PromptBuilder
+from bulkrun.job.plan_estimate import PlanEstimate, PlanInputs, PromptTokenStats, SampleRun, estimate_plan
+from bulkrun.job.prices import load_prices
+from bulkrun.job.resume import RowSet
+from bulkrun.job.session import build_task, check_named_fields, load_engine, resolve_model, task_context
+from bulkrun.job.slices import parse_shard
+from bulkrun.job.spec import JobSpec
+
+DEFAULT_SAMPLE = 32
+
+
+def plan_job(spec: JobSpec, *, sample: int = DEFAULT_SAMPLE, prices: Path | None = None) -> PlanEstimate:
+    """Read the input as `spec`'s job would, run a sample of `sample` rows (0: none), estimate."""
+    price_table = load_prices(prices) if prices is not None else ()  # a bad table stops us before work
+    task = build_task(spec)
+    input_path = Path(spec.input)
+    fmt = detect_format(input_path)
+    check_named_fields(spec, task, input_path, fmt)
+    model_path, _ = resolve_model(spec)
+    engine = load_engine(spec, model_path)
+    task.bind(task_context(spec, engine))
+    builder = PromptBuilder(
+        task, engine.tokenizer, chat_template=spec.chat_template, system=spec.system,
+        max_model_len=engine.max_model_len,
+    )  # fmt: skip
+    feed = Feed(
+        read_rows(input_path, fmt), builder, IdRegistry("custom_id" if fmt == OPENAI else spec.id_field),
+        done=RowSet(), window=spec.window, sort=False,
+    )  # fmt: skip
+    prompts, errors, first = _read(feed, sample, quiet=spec.quiet)
+    run = sample_run(engine, first) if first else None
+    per_token = _kv_bytes_per_token(engine)
+    return estimate_plan(
+        PlanInputs(
+            prompts=prompts,
+            errors_by_kind=dict(errors),
+            max_tokens=spec.max_tokens,
+            n=spec.n,
+            sample=run,
+            workers=_workers(spec),
+            block_size=engine.pool.block_size,
+            prefix_cache=spec.prefix_cache,
+            kv_bytes_per_token=per_token,
+            kv_available_bytes=engine.pool.num_blocks * engine.pool.block_size * per_token,
+            max_seqs=engine.limits.max_num_seqs,
+            prices=price_table,
+        )
+    )
+
+
+def _read(feed: Feed, sample: int, quiet: bool) -> tuple[PromptTokenStats, Counter, list[Prepared]]:
+    """Every row through the feed: prompt-length figures, bad rows by kind, the first `sample` rows."""
+    from tqdm import tqdm
+
+    prompts, errors, first = PromptTokenStats(), Counter(), []
+    bar = tqdm(unit="row", desc="plan", file=sys.stderr, disable=quiet, dynamic_ncols=True)
+    try:
+        for window in feed.windows():
+            errors.update(record["kind"] for record in window.errors)
+            for prepared in window.prepared:
+                prompts.add(prepared.requests[0].prompt_token_ids)
+                if len(first) < sample:
+                    first.append(prepared)
+            bar.update(len(window.errors) + len(window.prepared))
+    finally:
+        feed.close()
+        bar.close()
+    return prompts, errors, first
+
+
+def sample_run(engine, prepared: list[Prepared]) -> SampleRun:
+    """Run the rows' requests through the engine as a job does, and measure them."""
+    requests = []
+    for p in prepared:
+        for k, request in enumerate(p.requests):
+            request.request_id = f"{p.item.index}/{k}"
+            requests.append(request)
+    prompt = cached = generated = 0
+    start = time.perf_counter()
+    for output in engine.stream(iter(requests)):
+        prompt += len(output.prompt_token_ids)
+        cached += output.num_cached_tokens
+        generated += len(output.output_token_ids)
+    return SampleRun(len(requests), prompt, cached, generated, time.perf_counter() - start)
+
+
+def _workers(spec: JobSpec) -> int:
+    """Processes sharing the job: --workers (Ray) or the N of --shard K/N."""
+    if spec.workers:
+        return spec.workers
+    if spec.shard is not None:
+        return parse_shard(spec.shard).count
+    return 1
+
+
+def _kv_bytes_per_token(engine) -> int:
+    """K and V of one token over all layers, as the engine's cache stores them."""
+    cache = engine.runner.kv_cache
+    return cache.data[:, :, :1, :1].numel() * cache.data.element_size()

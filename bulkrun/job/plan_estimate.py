@@ -1,0 +1,275 @@
+"""What `bulkrun plan` prints: a job's figures estimated before it runs, from plain numbers.
+
+The caller (the plan command) reads the input as the job would and feeds every good prompt's token ids
+to PromptTokenStats, counts bad rows by kind, optionally runs a short sample on the engine and
+measures it (SampleRun), and hands all of it to estimate_plan(). Nothing here reads files, tokenizes
+or touches the engine, so every figure is a pure function of its inputs and unit-tested as such.
+
+Estimation model (stated so the bench can check it):
+- prefix cache: the engine reuses full blocks of the prefix shared by all prompts; the first request on
+  each worker computes them, every later request skips them (never its last prompt token, as the engine
+  always recomputes that one to get logits).
+- generated tokens: the bound is requests x max_tokens; the estimate is requests x the sample's mean.
+- wall time: the sample's rate in engine tokens per second (prompt tokens computed + tokens generated)
+  applied to the whole job's engine tokens, divided over the workers.
+- KV memory: the largest request must fit alone; a full batch of max_seqs average requests (sharing the
+  prefix blocks) is what runs without preemption.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+from bulkrun.job.prices import Cost, Price, costs
+
+PERCENTILES = (50, 90, 99)
+
+
+class PromptTokenStats:
+    """Streaming prompt-length figures in memory bounded by the number of distinct lengths."""
+
+    def __init__(self) -> None:
+        self.lengths: Counter[int] = Counter()
+        self.prefix: list[int] | None = None  # token ids every prompt so far starts with
+
+    def add(self, token_ids: Sequence[int]) -> None:
+        self.lengths[len(token_ids)] += 1
+        if self.prefix is None:
+            self.prefix = list(token_ids)
+            return
+        keep = 0
+        for a, b in zip(self.prefix, token_ids, strict=False):
+            if a != b:
+                break
+            keep += 1
+        del self.prefix[keep:]
+
+    @property
+    def count(self) -> int:
+        return sum(self.lengths.values())
+
+    @property
+    def total(self) -> int:
+        return sum(length * k for length, k in self.lengths.items())
+
+    @property
+    def shared_prefix_len(self) -> int:
+        return len(self.prefix or ())
+
+    def percentile(self, q: float) -> int:
+        """Nearest-rank percentile (q in 0..100) of the prompt lengths; 0 with no prompts."""
+        count = self.count
+        if count == 0:
+            return 0
+        rank, seen = max(1, math.ceil(q / 100 * count)), 0
+        for length in sorted(self.lengths):
+            seen += self.lengths[length]
+            if seen >= rank:
+                return length
+        return max(self.lengths)
+
+
+@dataclass(frozen=True, slots=True)
+class SampleRun:
+    """A short run of the job's first rows on the engine, as measured."""
+
+    requests: int
+    prompt_tokens: int
+    cached_prompt_tokens: int  # prefix-cache hits: prompt tokens the engine did not compute
+    generated_tokens: int
+    seconds: float
+
+    @property
+    def engine_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_prompt_tokens + self.generated_tokens
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.engine_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mean_generated(self) -> float:
+        return self.generated_tokens / self.requests if self.requests else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PlanInputs:
+    prompts: PromptTokenStats
+    errors_by_kind: dict[str, int]
+    max_tokens: int
+    n: int = 1  # samples (requests) per row
+    sample: SampleRun | None = None
+    workers: int = 1
+    block_size: int = 16
+    prefix_cache: bool = True
+    kv_bytes_per_token: int = 0  # the model's K+V bytes for one token over all layers
+    kv_available_bytes: int | None = None  # the engine's KV budget on this machine
+    max_seqs: int | None = None  # the engine's running-request cap (None: as many as rows)
+    prices: Sequence[Price] = ()
+
+
+@dataclass
+class PlanEstimate:
+    rows: int
+    good_rows: int
+    errors_by_kind: dict[str, int]
+    requests: int
+    prompt_tokens: int  # over good rows, once per row (as the job's report counts them)
+    prompt_percentiles: dict[str, int]  # p50 / p90 / p99 / max
+    shared_prefix_tokens: int
+    prefix_cache_saved_tokens: int
+    generated_tokens_bound: int
+    generated_tokens_estimate: int | None
+    engine_tokens_per_s: float | None
+    wall_seconds_estimate: float | None
+    kv_bytes_largest_request: int
+    kv_bytes_full_batch: int
+    kv_bytes_available: int | None
+    costs: list[dict] = field(default_factory=list)  # provider, model, as_of, usd (estimate), usd_bound
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def cacheable_prefix(prompts: PromptTokenStats, block_size: int) -> int:
+    """Prompt tokens of the shared prefix the engine can serve from its cache: whole blocks only, and
+    never the last token of the shortest prompt."""
+    if prompts.count == 0:
+        return 0
+    usable = min(prompts.shared_prefix_len, min(prompts.lengths) - 1)
+    return max(usable, 0) // block_size * block_size
+
+
+def estimate_plan(inputs: PlanInputs) -> PlanEstimate:
+    prompts, n = inputs.prompts, inputs.n
+    good = prompts.count
+    errors = sum(inputs.errors_by_kind.values())
+    requests = good * n
+    cached = cacheable_prefix(prompts, inputs.block_size) if inputs.prefix_cache else 0
+    saved = cached * max(requests - max(inputs.workers, 1), 0)
+    bound = requests * inputs.max_tokens
+    generated = None
+    if inputs.sample is not None:
+        generated = min(bound, round(requests * inputs.sample.mean_generated))
+    rate = inputs.sample.tokens_per_s if inputs.sample is not None else None
+    wall = None
+    if rate:
+        engine_tokens = prompts.total * n - saved + (generated if generated is not None else bound)
+        wall = engine_tokens / rate / max(inputs.workers, 1)
+    percentiles = {f"p{q}": prompts.percentile(q) for q in PERCENTILES}
+    percentiles["max"] = max(prompts.lengths, default=0)
+    largest, full = _kv_bytes(inputs, generated, cached)
+    return PlanEstimate(
+        rows=good + errors,
+        good_rows=good,
+        errors_by_kind=dict(sorted(inputs.errors_by_kind.items())),
+        requests=requests,
+        prompt_tokens=prompts.total,
+        prompt_percentiles=percentiles,
+        shared_prefix_tokens=prompts.shared_prefix_len,
+        prefix_cache_saved_tokens=saved,
+        generated_tokens_bound=bound,
+        generated_tokens_estimate=generated,
+        engine_tokens_per_s=rate,
+        wall_seconds_estimate=wall,
+        kv_bytes_largest_request=largest,
+        kv_bytes_full_batch=full,
+        kv_bytes_available=inputs.kv_available_bytes,
+        costs=_costs(inputs.prices, prompts.total * n, bound, generated),
+    )
+
+
+def _kv_bytes(inputs: PlanInputs, generated: int | None, cached: int) -> tuple[int, int]:
+    prompts, block = inputs.prompts, inputs.block_size
+    requests = prompts.count * inputs.n
+    if requests == 0:
+        return 0, 0
+    per_token = inputs.kv_bytes_per_token
+    largest = _blocks(max(prompts.lengths) + inputs.max_tokens, block) * block * per_token
+    mean_generated = generated / requests if generated is not None else inputs.max_tokens
+    mean_request = _blocks(math.ceil(prompts.total / prompts.count + mean_generated), block) * block
+    running = min(inputs.max_seqs or requests, requests)
+    shared = cached * (running - 1)  # the prefix blocks are held once, not per request
+    return largest, max(running * mean_request - shared, 0) * per_token
+
+
+def _blocks(tokens: int, block: int) -> int:
+    return -(-tokens // block)
+
+
+def _costs(prices: Sequence[Price], prompt: int, bound: int, generated: int | None) -> list[dict]:
+    """Every priced model, cheapest first: the estimate where a sample ran, and the max_tokens bound.
+    Token counts are this model's tokenizer's; a provider's tokenizer counts differently."""
+    at_bound = {(c.provider, c.model): c for c in costs(list(prices), prompt, bound)}
+    ranked: list[Cost] = (
+        costs(list(prices), prompt, generated) if generated is not None else list(at_bound.values())
+    )
+    return [
+        {
+            "provider": c.provider,
+            "model": c.model,
+            "as_of": c.as_of.isoformat(),
+            "usd": c.usd if generated is not None else None,
+            "usd_bound": at_bound[(c.provider, c.model)].usd,
+        }
+        for c in ranked
+    ]
+
+
+def format_plan(plan: PlanEstimate) -> str:
+    """The plan as the command prints it (one figure per line, for people)."""
+    p = plan.prompt_percentiles
+    errors = ", ".join(f"{kind} {count}" for kind, count in plan.errors_by_kind.items()) or "none"
+    lines = [
+        f"rows              {plan.rows:,} ({plan.good_rows:,} good; bad rows: {errors})",
+        f"requests          {plan.requests:,}",
+        f"prompt tokens     {plan.prompt_tokens:,} (p50 {p['p50']:,}, p90 {p['p90']:,}, p99 {p['p99']:,}, "
+        f"max {p['max']:,})",
+        f"shared prefix     {plan.shared_prefix_tokens:,} tokens; prefix cache saves "
+        f"{plan.prefix_cache_saved_tokens:,} prompt tokens",
+        f"generated tokens  at most {plan.generated_tokens_bound:,}"
+        + (
+            f", about {plan.generated_tokens_estimate:,} (sample)"
+            if plan.generated_tokens_estimate is not None
+            else ""
+        ),
+    ]
+    if plan.wall_seconds_estimate is not None:
+        lines.append(
+            f"throughput        {plan.engine_tokens_per_s:,.1f} engine tokens/s on this machine (sample)"
+        )
+        lines.append(f"wall time         about {_duration(plan.wall_seconds_estimate)}")
+    available = "unknown" if plan.kv_bytes_available is None else _size(plan.kv_bytes_available)
+    lines.append(
+        f"KV memory         largest request {_size(plan.kv_bytes_largest_request)}, full batch "
+        f"{_size(plan.kv_bytes_full_batch)}; available {available}"
+    )
+    for c in plan.costs:
+        estimate = f"about ${c['usd']:,.2f}, " if c["usd"] is not None else ""
+        lines.append(
+            f"cost              {c['provider']}/{c['model']}: {estimate}at most ${c['usd_bound']:,.2f} "
+            f"(batch prices as of {c['as_of']})"
+        )
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _size(nbytes: int) -> str:
+    if nbytes < 1024:
+        return f"{nbytes} B"
+    value = nbytes / 1024
+    for unit in ("KiB", "MiB"):
+        if value < 1024:
+            return f"{value:,.1f} {unit}"
+        value /= 1024
+    return f"{value:,.1f} GiB"

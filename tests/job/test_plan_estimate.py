@@ -1,0 +1,158 @@
+"""plan's figures as pure functions of counted prompts, a measured sample and the engine's sizes."""
+
+import datetime
+import json
+
+import pytest
+
+from bulkrun.job.plan_estimate import (
+    PlanInputs,
+    PromptTokenStats,
+    SampleRun,
+    cacheable_prefix,
+    estimate_plan,
+    format_plan,
+)
+from bulkrun.job.prices import Price
+
+PREFIX = list(range(1000, 1040))  # a 40-token shared instruction
+
+
+def stats(prompts):
+    s = PromptTokenStats()
+    for ids in prompts:
+        s.add(ids)
+    return s
+
+
+def job_prompts(lengths):
+    """Prompts that share PREFIX, then differ (each row's own tokens)."""
+    return [PREFIX + [row] * (length - len(PREFIX)) for row, length in enumerate(lengths)]
+
+
+def test_prompt_stats_are_exact():
+    s = stats(job_prompts([50, 60, 70, 80, 100]))
+    assert (s.count, s.total, s.shared_prefix_len) == (5, 360, 40)
+    assert [s.percentile(q) for q in (0, 20, 50, 90, 99, 100)] == [50, 50, 70, 100, 100, 100]
+    assert PromptTokenStats().percentile(50) == 0 and PromptTokenStats().shared_prefix_len == 0
+
+
+def test_shared_prefix_shrinks_to_what_all_prompts_share():
+    s = stats([[1, 2, 3, 4], [1, 2, 3, 9], [1, 2]])
+    assert s.shared_prefix_len == 2
+    s.add([7, 2])
+    assert s.shared_prefix_len == 0
+
+
+def test_cacheable_prefix_is_whole_blocks_and_never_a_whole_prompt():
+    assert cacheable_prefix(stats(job_prompts([50, 60])), 16) == 32  # 40 shared -> two blocks of 16
+    assert cacheable_prefix(stats([list(range(32)), list(range(40))]), 16) == 16  # 32 is a whole prompt
+    assert cacheable_prefix(stats([]), 16) == 0
+
+
+def test_plan_figures_from_a_sample():
+    prompts = stats(job_prompts([50] * 90 + [100] * 10))  # total 5,500
+    sample = SampleRun(
+        requests=10, prompt_tokens=550, cached_prompt_tokens=288, generated_tokens=200, seconds=4.62
+    )
+    price = Price("p", "m", 1.0, 2.0, datetime.date(2026, 12, 1))
+    plan = estimate_plan(
+        PlanInputs(
+            prompts,
+            {"empty_text": 2, "bad_json": 1},
+            max_tokens=64,
+            sample=sample,
+            kv_bytes_per_token=100,
+            kv_available_bytes=10**6,
+            max_seqs=8,
+            prices=[price],
+        )
+    )
+    assert (plan.rows, plan.good_rows, plan.requests) == (103, 100, 100)
+    assert plan.errors_by_kind == {"bad_json": 1, "empty_text": 2}
+    assert plan.prompt_tokens == 5500 and plan.prompt_percentiles == {
+        "p50": 50,
+        "p90": 50,
+        "p99": 100,
+        "max": 100,
+    }
+    assert plan.prefix_cache_saved_tokens == 32 * 99
+    assert (plan.generated_tokens_bound, plan.generated_tokens_estimate) == (6400, 2000)
+    assert plan.engine_tokens_per_s == pytest.approx((550 - 288 + 200) / 4.62)
+    assert plan.wall_seconds_estimate == pytest.approx((5500 - 3168 + 2000) / plan.engine_tokens_per_s)
+    assert plan.kv_bytes_largest_request == 176 * 100  # 100 + 64 tokens -> 11 blocks of 16
+    # 8 running requests of mean 55 prompt + 20 generated = 75 -> 80 slots, the 32 prefix slots held once
+    assert plan.kv_bytes_full_batch == (8 * 80 - 7 * 32) * 100
+    [cost] = plan.costs
+    assert cost["usd"] == pytest.approx((5500 * 1.0 + 2000 * 2.0) / 1e6)
+    assert cost["usd_bound"] == pytest.approx((5500 * 1.0 + 6400 * 2.0) / 1e6)
+    json.dumps(plan.as_dict())  # --json
+
+
+def test_workers_divide_the_time_and_each_computes_the_prefix_once():
+    prompts = stats(job_prompts([48] * 40))
+    sample = SampleRun(
+        requests=4, prompt_tokens=192, cached_prompt_tokens=0, generated_tokens=40, seconds=2.0
+    )
+    one = estimate_plan(PlanInputs(prompts, {}, max_tokens=16, sample=sample))
+    four = estimate_plan(PlanInputs(prompts, {}, max_tokens=16, sample=sample, workers=4))
+    assert one.prefix_cache_saved_tokens - four.prefix_cache_saved_tokens == 32 * 3
+    rate = (192 + 40) / 2.0
+    assert one.wall_seconds_estimate == pytest.approx((1920 - 32 * 39 + 400) / rate)
+    assert four.wall_seconds_estimate == pytest.approx((1920 - 32 * 36 + 400) / rate / 4)
+
+
+def test_without_a_sample_only_bounds_are_given():
+    plan = estimate_plan(
+        PlanInputs(
+            stats(job_prompts([45, 45])), {}, max_tokens=10, n=3, prefix_cache=False, kv_bytes_per_token=1
+        )
+    )
+    assert (plan.requests, plan.generated_tokens_bound, plan.generated_tokens_estimate) == (6, 60, None)
+    assert plan.wall_seconds_estimate is None and plan.prefix_cache_saved_tokens == 0
+    assert plan.kv_bytes_full_batch == 6 * 64  # 45 + 10 tokens -> 4 blocks each, nothing shared
+
+
+def test_the_sample_mean_never_exceeds_the_bound():
+    sample = SampleRun(
+        requests=1, prompt_tokens=50, cached_prompt_tokens=0, generated_tokens=500, seconds=1.0
+    )
+    plan = estimate_plan(PlanInputs(stats(job_prompts([50] * 3)), {}, max_tokens=8, sample=sample))
+    assert plan.generated_tokens_estimate == plan.generated_tokens_bound == 24
+
+
+def test_an_input_with_only_bad_rows():
+    plan = estimate_plan(PlanInputs(PromptTokenStats(), {"empty_text": 4}, max_tokens=8))
+    assert (plan.rows, plan.good_rows, plan.prompt_tokens, plan.kv_bytes_full_batch) == (4, 0, 0, 0)
+    assert "empty_text 4" in format_plan(plan)
+
+
+def test_format_plan_names_every_figure():
+    sample = SampleRun(
+        requests=2, prompt_tokens=100, cached_prompt_tokens=0, generated_tokens=20, seconds=1.0
+    )
+    price = Price("openai", "gpt-x", 0.1, 0.4, datetime.date(2026, 12, 1))
+    plan = estimate_plan(
+        PlanInputs(
+            stats(job_prompts([50, 50])),
+            {},
+            max_tokens=16,
+            sample=sample,
+            kv_bytes_per_token=2048,
+            kv_available_bytes=2**30,
+            prices=[price],
+        )
+    )
+    text = format_plan(plan)
+    for needle in (
+        "rows              2 (2 good; bad rows: none)",
+        "prompt tokens     100 (p50 50",
+        "prefix cache saves 32",
+        "about 20 (sample)",
+        "120.0 engine tokens/s",
+        "wall time         about 1 s",
+        "available 1.0 GiB",
+        "openai/gpt-x",
+        "as of 2026-12-01",
+    ):
+        assert needle in text
