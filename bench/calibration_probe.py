@@ -86,20 +86,30 @@ def label_scores(engine: Engine, task: ClassifyTask, texts: list[str]) -> list[l
     return [list(task.label_columns(output)["label_scores"].values()) for output in outputs]
 
 
-def probe(engine: Engine, name: str, rows: list[dict]) -> dict:
+def accuracy(predicted: list[str], gold: list[str]) -> float:
+    return sum(p == g for p, g in zip(predicted, gold, strict=True)) / len(gold)
+
+
+def probe(engine: Engine, name: str, rows: list[dict], content_free: list[str]) -> dict:
     task = ClassifyTask.from_options(variant_options(name))
     task.bind(TaskContext(engine.tokenizer, engine.max_model_len, SamplingParams()))
     names = task.labels.names
     scores = label_scores(engine, task, [r["text"] for r in rows])
-    calibrator = Calibrator.from_content_free(label_scores(engine, task, list(DEFAULT_CONTENT_FREE_INPUTS)))
+    calibrator = Calibrator.from_content_free(label_scores(engine, task, content_free))
     results = [calibrator(s) for s in scores]
     gold = [r["label"] for r in rows]
     raw = [names[c.best_raw] for c in results]
     cal = [names[c.best] for c in results]
+    # For comparison only: the prior taken from the items themselves (batch calibration).
+    batch = Calibrator(
+        tuple(sum(column) / len(results) for column in zip(*(c.raw for c in results), strict=True))
+    )
+    batch_predicted = [names[batch(s).best] for s in scores]
     return {
         "variant": name,
-        "raw_accuracy": sum(p == g for p, g in zip(raw, gold, strict=True)) / len(gold),
-        "calibrated_accuracy": sum(p == g for p, g in zip(cal, gold, strict=True)) / len(gold),
+        "raw_accuracy": accuracy(raw, gold),
+        "calibrated_accuracy": accuracy(cal, gold),
+        "batch_accuracy": accuracy(batch_predicted, gold),
         "prior": dict(zip(names, (round(p, 3) for p in calibrator.prior), strict=True)),
         "raw_counts": dict(Counter(raw)),
         "calibrated_counts": dict(Counter(cal)),
@@ -110,15 +120,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--variants", default="shipped,mean,no_descriptions,examples,examples_mean")
     ap.add_argument("--items", type=int, default=100)
+    ap.add_argument(
+        "--content-free",
+        default="|".join(DEFAULT_CONTENT_FREE_INPUTS),
+        help="content-free inputs separated by '|' (default: the paper's N/A|[MASK]|<empty>)",
+    )
     args = ap.parse_args()
     engine = Engine.from_model(str(resolve_model("smollm2-135m-instruct")), EngineConfig())
     rows = load_tickets(args.items)
+    print(f"content-free inputs {args.content_free.split('|')}")
     print(f"{len(rows)} tickets, gold labels {dict(Counter(r['label'] for r in rows))}")
-    print(f"{'variant':<18} {'raw':>6} {'calibrated':>11}  prior")
+    print(f"{'variant':<18} {'raw':>6} {'calibrated':>11} {'batch-cal.':>11}  content-free prior")
     for name in args.variants.split(","):
-        found = probe(engine, name, rows)
+        found = probe(engine, name, rows, args.content_free.split("|"))
         print(
-            f"{name:<18} {found['raw_accuracy']:>6.1%} {found['calibrated_accuracy']:>11.1%}  {found['prior']}",
+            f"{name:<18} {found['raw_accuracy']:>6.1%} {found['calibrated_accuracy']:>11.1%} "
+            f"{found['batch_accuracy']:>11.1%}  {found['prior']}",
             flush=True,
         )
         print(f"{'':<18} raw counts {found['raw_counts']}  calibrated counts {found['calibrated_counts']}")
