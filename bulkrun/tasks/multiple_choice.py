@@ -15,6 +15,8 @@ Where bulkrun differs (it refuses what lm-evaluation-harness would score silentl
 out-of-range or negative index, an answer that is not a choice, an empty choice list or an empty
 choice are row errors; a context too long for the model is a row error instead of being cut on the
 left; a digit string that is not itself a choice is read as an index (CSV has no integer type).
+Not carried over: several expected answers per row (lm-eval's multiple targets), `exact_match`
+(whether the expected choice is the greedy continuation) and `acc_mutual_info`.
 """
 
 from __future__ import annotations

@@ -39,11 +39,18 @@ def test_unusable_scores_are_refused(scores):
         normalized_probs(scores)
 
 
-def test_prior_is_the_mean_of_each_inputs_normalized_probs():
-    # Unnormalized masses differ tenfold; each input still counts equally.
+def test_prior_is_the_normalized_mean_of_the_label_probabilities():
+    # As the paper's code: probabilities averaged over the inputs, then normalized, so the input
+    # after which the labels take more mass (0.8 against 0.08) weighs more.
     prior = content_free_prior([logs([0.6, 0.2]), logs([0.02, 0.06])])
-    assert prior == pytest.approx([(0.75 + 0.25) / 2, (0.25 + 0.75) / 2])
+    assert prior == pytest.approx([0.62 / 0.88, 0.26 / 0.88])
     assert content_free_prior([logs([1, 1, 2])]) == pytest.approx([0.25, 0.25, 0.5])
+
+
+def test_prior_of_very_unlikely_labels_stays_in_range():
+    # Log-scores far below exp()'s range: only their differences matter.
+    prior = content_free_prior([[-2000.0, -2000.0 + math.log(3)], [-2001.0, -2001.0 + math.log(3)]])
+    assert prior == pytest.approx([0.25, 0.75])
 
 
 def test_prior_needs_inputs_of_one_label_set_and_no_impossible_label():
@@ -63,10 +70,10 @@ def test_calibrate_divides_by_the_prior_and_renormalizes():
 
 
 def test_a_content_free_input_comes_out_uniform():
-    cf = [logs([0.7, 0.2, 0.1]), logs([0.5, 0.3, 0.2])]
-    calibrator = Calibrator.from_content_free(cf)
-    mean_cf = [sum(col) / 2 for col in zip(*map(normalized_probs, cf), strict=True)]
-    assert calibrate(mean_cf, calibrator.prior) == pytest.approx([1 / 3] * 3)
+    cf = logs([0.07, 0.02, 0.01])
+    calibrated = Calibrator.from_content_free([cf])(cf)
+    assert calibrated.calibrated == pytest.approx([1 / 3] * 3)
+    assert calibrated.raw == pytest.approx([0.7, 0.2, 0.1])
 
 
 def test_identity_calibrator_changes_nothing():
