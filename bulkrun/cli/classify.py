@@ -9,7 +9,7 @@ import typer
 from bulkrun.cli.app import app
 from bulkrun.cli.execute import run_task_command
 from bulkrun.cli.jobs import INPUT
-from bulkrun.cli.options import JOB_OPTIONS, with_options
+from bulkrun.cli.options import CALIBRATE_OPTIONS, JOB_OPTIONS, with_options
 
 LABELS = typer.Option(
     None,
@@ -53,7 +53,7 @@ def classify_options(labels, labels_file, instruction, normalize, answer_prefix)
 
 
 @app.command()
-@with_options(JOB_OPTIONS)
+@with_options(JOB_OPTIONS, CALIBRATE_OPTIONS)
 def classify(
     input: Path = INPUT,
     labels: str = LABELS,

@@ -10,7 +10,7 @@ from bulkrun.cli.app import app
 from bulkrun.cli.classify import ANSWER_PREFIX, INSTRUCTION, LABELS, LABELS_FILE, NORMALIZE, classify_options
 from bulkrun.cli.execute import run_task_command
 from bulkrun.cli.jobs import INPUT
-from bulkrun.cli.options import JOB_OPTIONS, with_options
+from bulkrun.cli.options import CALIBRATE_OPTIONS, JOB_OPTIONS, MULTIPLE_CHOICE_OPTIONS, with_options
 
 
 def _opt(*decls: str, help: str):
@@ -18,7 +18,7 @@ def _opt(*decls: str, help: str):
 
 
 @app.command(name="eval")
-@with_options(JOB_OPTIONS)
+@with_options(JOB_OPTIONS, CALIBRATE_OPTIONS, MULTIPLE_CHOICE_OPTIONS)
 def eval_(
     input: Path = INPUT,
     expected_field: str = _opt(

@@ -45,7 +45,7 @@ INPUT_OPTIONS = [
         bool,
         "--chat-template/--no-chat-template",
         help="Apply the model's chat template (default: on).",
-    ),  # fmt: skip
+    ),
     opt(
         "keep_fields", list[str], "--keep-field", help="Copy this input field into the results (repeatable)."
     ),
@@ -69,7 +69,7 @@ RUN_OPTIONS = [
         str,
         "--checkpoint-every",
         help="Commit a shard every N items and/or T seconds: 500, 60s, or 500,60s (default 1000,60s).",
-    ),  # fmt: skip
+    ),
     opt("quiet", bool, "--quiet/--no-quiet", "-q", help="No progress bar or summary."),
     opt("restart", bool, "--restart", help="Discard what OUT holds and start over."),
 ]
@@ -90,6 +90,16 @@ ENGINE_OPTIONS = [
     opt("dtype", str, "--dtype", help="float32 / bfloat16 / float16 (default: fp32 on CPU, bf16 on CUDA)."),
 ]
 DIST_OPTIONS = [Opt("ray", RayOpt), Opt("workers", WorkersOpt), Opt("shard", ShardOpt)]
+# fmt: off
+CALIBRATE_OPTIONS = [
+    opt("calibrate", str, "--calibrate", help="content-free (default: divide by the prompt's label prior) or none."),
+]
+MULTIPLE_CHOICE_OPTIONS = [
+    opt("choices_field", str, "--choices-field", help="Multiple choice: the list field of each row's choices."),
+    opt("context_field", str, "--context-field", help="Multiple choice: the context field (else the template/text field)."),
+    opt("target_delimiter", str, "--target-delimiter", help="Multiple choice: text between context and choice (default ' ')."),
+]
+# fmt: on
 
 JOB_OPTIONS = INPUT_OPTIONS + SAMPLING_OPTIONS + RUN_OPTIONS + ENGINE_OPTIONS + DIST_OPTIONS
 

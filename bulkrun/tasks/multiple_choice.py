@@ -14,7 +14,10 @@ lm-evaluation-harness (lm_eval/api/task.py, lm_eval/models/huggingface.py):
 Where bulkrun differs (it refuses what lm-evaluation-harness would score silently): an
 out-of-range or negative index, an answer that is not a choice, an empty choice list or an empty
 choice are row errors; a context too long for the model is a row error instead of being cut on the
-left; a digit string that is not itself a choice is read as an index (CSV has no integer type).
+left; an empty context is a row error (lm-evaluation-harness scores the choices after BOS alone);
+a digit string that is not itself a choice is read as an index (CSV has no integer type). The
+context is scored as plain text: the chat template is not applied to multiple-choice rows (as
+lm-evaluation-harness without --apply_chat_template).
 Not carried over: several expected answers per row (lm-eval's multiple targets), `exact_match`
 (whether the expected choice is the greedy continuation) and `acc_mutual_info`.
 """
@@ -27,8 +30,11 @@ import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from bulkrun.tasks.base import RowError
+from bulkrun.engine.outputs import RequestOutput
+from bulkrun.engine.params import EngineRequest
+from bulkrun.tasks.base import RawText, RowError, TaskContext, prompt_text
 from bulkrun.tasks.calibration import argmax
+from bulkrun.tasks.continuations import scoring_request
 
 TARGET_DELIMITER = " "  # lm-evaluation-harness's default `target_delimiter`
 CHAT_TARGET_DELIMITER = ""  # what it uses instead when the chat template is applied
@@ -201,3 +207,50 @@ def metrics_lines(metrics: Mapping) -> list[str]:
         spread = "" if stderr is None else f" ± {stderr:.1%}"
         lines.append(f"{name:<8} {metrics[name]:.1%}{spread} ({hits}/{metrics['items']})")
     return lines
+
+
+class MultipleChoice:
+    """The multiple-choice side of `bulkrun eval`: a row's context, its choices in one engine request
+    (the context's KV computed once, every choice scored as a continuation of it), its columns."""
+
+    def __init__(self, choices_field: str, expected_field: str, context_field: str | None = None,
+                 target_delimiter: str = TARGET_DELIMITER):  # fmt: skip
+        self.choices_field, self.expected_field = choices_field, expected_field
+        self.context_field, self.target_delimiter = context_field, target_delimiter
+
+    def named_fields(self) -> dict[str, str]:
+        named = {self.choices_field: "--choices-field", self.expected_field: "--expected-field"}
+        if self.context_field is not None:
+            named[self.context_field] = "--context-field"
+        return named
+
+    def bind(self, ctx: TaskContext) -> None:
+        self.ctx = ctx
+        tokenizer = ctx.tokenizer
+        bos = tokenizer.bos_token_id
+        self.prefix_token_id = bos if bos is not None else tokenizer.eos_token_id
+        self.encode = lambda text: tokenizer.encode(text, add_special_tokens=False)
+
+    def context(self, fields: Mapping) -> str:
+        if self.context_field is not None:
+            return prompt_text(fields, None, self.context_field)
+        return prompt_text(fields, self.ctx.prompt_template, self.ctx.text_field)
+
+    def row(self, fields: Mapping) -> ChoiceRow:
+        return parse_row(fields, self.choices_field, self.expected_field)
+
+    def render(self, fields: Mapping) -> RawText:
+        self.row(fields)  # a row without usable choices or answer fails before any engine work
+        return RawText(self.context(fields))
+
+    def requests(self, fields: Mapping) -> list[EngineRequest]:
+        row = self.row(fields)
+        context_ids, ids = encode_choices(
+            self.encode, self.context(fields), row.choices, self.prefix_token_id, self.target_delimiter
+        )
+        return [scoring_request("choices", context_ids, ids, self.ctx.max_model_len, "its longest choice")]
+
+    def result(self, fields: Mapping, output: RequestOutput) -> dict:
+        if output.finish_reason == "error" or output.continuation_logprobs is None:
+            raise RowError("engine_error", output.error or "the engine returned no choice scores")
+        return choice_columns(self.row(fields), [float(sum(lps)) for lps in output.continuation_logprobs])

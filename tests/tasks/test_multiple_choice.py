@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from multiple_choice_reference import lm_eval_acc, lm_eval_encode
+from helpers.multiple_choice import lm_eval_acc, lm_eval_encode
 
 from bulkrun.tasks.base import RowError
 from bulkrun.tasks.multiple_choice import (

@@ -4,8 +4,8 @@ acc_norm that lm-evaluation-harness's recipe gives with plain transformers (fp32
 from __future__ import annotations
 
 import pytest
-from multiple_choice_reference import hf_choice_loglikelihoods, lm_eval_acc
-from task_helpers import load_hf_model
+from helpers.multiple_choice import hf_choice_loglikelihoods, lm_eval_acc
+from helpers.tasks import load_hf_model
 
 from bulkrun.engine.config import EngineConfig
 from bulkrun.engine.engine import Engine
