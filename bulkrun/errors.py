@@ -25,6 +25,9 @@ Bad rows are never exceptions that stop a job: they raise RowError and become er
 
 from __future__ import annotations
 
+import sys
+import types
+
 EXIT_OK = 0
 EXIT_FATAL = 1
 EXIT_USAGE = 2
@@ -89,3 +92,17 @@ class RowError(Exception):
         self.kind = kind
         self.message = message
         self.item_id = item_id  # the row's id when it is known although the row is bad
+
+
+class _CallableErrorsModule(types.ModuleType):
+    """`bulkrun.errors(OUT)` is the Python API's reader of a job's error records (bulkrun/api.py),
+    while `bulkrun.errors` is also this module, which every layer imports (so the package attribute
+    is always the module). Calling the module forwards to the reader: both names keep working."""
+
+    def __call__(self, out):
+        from bulkrun.api import errors  # the one call up the layers: a forwarding, see above
+
+        return errors(out)
+
+
+sys.modules[__name__].__class__ = _CallableErrorsModule

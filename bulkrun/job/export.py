@@ -166,7 +166,7 @@ def export_job(out: Path, fmt: str | None = None, force: bool = False) -> dict:
             f"{status['remaining']} of {status['rows']} rows are not done yet; rerun the job to finish it "
             "(or export --force for what is committed)"
         )
-    task = _task_from_manifest(manifest)
+    task = task_from_manifest(manifest)
     final = write_final_files(out, manifest, task, fmt)
     committed = load_committed(out)
     report = _previous_report(out) | {
@@ -185,7 +185,7 @@ def export_job(out: Path, fmt: str | None = None, force: bool = False) -> dict:
     return report
 
 
-def _task_from_manifest(manifest: dict) -> Task | None:
+def task_from_manifest(manifest: dict) -> Task | None:
     from bulkrun.job.spec import task_class
 
     try:

@@ -12,6 +12,36 @@ from __future__ import annotations
 
 import torch
 
+# Rows of every kind: varying choice counts, multi-token choices, answers as index, text or digit
+# string, a context ending in a space, an empty context, and two bad rows (an answer index out of
+# range, no choices).
+ROWS = [
+    {
+        "question": "Question: What is the capital of France?\nAnswer:",
+        "choices": ["Paris", "Berlin"],
+        "answer": 0,
+    },
+    {
+        "question": "The chef put the cake in the oven and",
+        "choices": [
+            "waited for it to bake.",
+            "threw the oven out of the window.",
+            "sang.",
+            "it rained fish.",
+        ],
+        "answer": "waited for it to bake.",
+    },
+    {
+        "question": "Question: Which of these is a prime number?\nAnswer: ",  # trailing space moves
+        "choices": ["4", "9", "11", "15", "21"],
+        "answer": "2",
+    },
+    {"question": "", "choices": ["the", "zyzzyva quixotic"], "answer": 1},  # the prefix token alone
+    {"question": "Paris is in", "choices": ["France"], "answer": 0},
+    {"question": "Two plus two is", "choices": ["four", "five"], "answer": 2},  # out of range
+    {"question": "Pick one", "choices": [], "answer": 0},  # no choices
+]
+
 
 def lm_eval_encode(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
     def encode(text):

@@ -4,7 +4,7 @@ acc_norm that lm-evaluation-harness's recipe gives with plain transformers (fp32
 from __future__ import annotations
 
 import pytest
-from helpers.multiple_choice import hf_choice_loglikelihoods, lm_eval_acc
+from helpers.multiple_choice import ROWS, hf_choice_loglikelihoods, lm_eval_acc
 from helpers.tasks import load_hf_model
 
 from bulkrun.engine.config import EngineConfig
@@ -15,32 +15,6 @@ from bulkrun.tasks.multiple_choice import choice_columns, encode_choices, parse_
 
 pytestmark = pytest.mark.slow
 
-ROWS = [
-    {
-        "question": "Question: What is the capital of France?\nAnswer:",
-        "choices": ["Paris", "Berlin"],
-        "answer": 0,
-    },
-    {
-        "question": "The chef put the cake in the oven and",
-        "choices": [
-            "waited for it to bake.",
-            "threw the oven out of the window.",
-            "sang.",
-            "it rained fish.",
-        ],
-        "answer": "waited for it to bake.",
-    },
-    {
-        "question": "Question: Which of these is a prime number?\nAnswer: ",  # trailing space moves
-        "choices": ["4", "9", "11", "15", "21"],
-        "answer": "2",
-    },
-    {"question": "", "choices": ["the", "zyzzyva quixotic"], "answer": 1},  # the prefix token alone
-    {"question": "Paris is in", "choices": ["France"], "answer": 0},
-    {"question": "Two plus two is", "choices": ["four", "five"], "answer": 2},  # out of range
-    {"question": "Pick one", "choices": [], "answer": 0},  # no choices
-]
 TOL = 1e-3  # fp32 sums of a few log-probabilities, in another summation order
 
 
