@@ -27,7 +27,8 @@ def calibrate_task(task: Task, builder: PromptBuilder, engine) -> None:
         for request in one.requests:
             request.request_id = f"content-free/{k}"
             requests.append(request)
+    by_id = {output.request_id: output for output in engine.stream(requests)}  # the engine's one loop
     try:
-        task.set_content_free(engine.generate(requests))
+        task.set_content_free([by_id[request.request_id] for request in requests])
     except ValueError as exc:  # CalibrationError: e.g. a label the prompt can never produce
         raise UsageError(f"content-free calibration failed: {exc}") from None
