@@ -39,6 +39,7 @@ from bulkrun.tasks.multiple_choice import TARGET_DELIMITER, MultipleChoice, mult
 from bulkrun.tasks.sweep import SWEEP_KEYS
 
 MATCH_MODES = ("exact", "normalized")
+LABEL_ONLY = ("label_descriptions", "instruction", "examples", "calibrate", "content_free_inputs")
 
 
 def compile_answer_regex(pattern: str | None) -> re.Pattern[str] | None:
@@ -57,6 +58,7 @@ class EvalTask(Task):
     name = "eval"
     options = {
         **ClassifyTask.options,
+        "calibrate": None,  # label suites: content-free unless "none" (unset for the others)
         "expected_field": None,  # default: "label" for classify-style suites, else "answer"
         "choices_field": None,  # a list column: multiple choice
         "context_field": None,  # multiple choice: the context (else --prompt-template / --text-field)
@@ -102,7 +104,7 @@ class EvalTask(Task):
             raise ValueError(f"{', '.join(given)} need choices_field (a multiple-choice suite)")
         classifier = ClassifyTask.from_options(options) if has_labels else None
         if not has_labels:
-            given = [k for k in ("label_descriptions", "instruction", "examples") if options.get(k)]
+            given = [k for k in LABEL_ONLY if options.get(k)]
             if given:
                 raise ValueError(f"{', '.join(given)} need labels (a classify-style suite)")
         return cls(
@@ -115,6 +117,7 @@ class EvalTask(Task):
     @classmethod
     def _multiple_choice(cls, options: dict, has_labels: bool) -> EvalTask:
         clashing = ["labels"] if has_labels else []
+        clashing += [k for k in LABEL_ONLY if options.get(k)]
         clashing += [k for k in ("answer_regex",) if options.get(k) is not None]
         clashing += ["match"] if (options.get("match") or "exact") != "exact" else []
         if clashing:
