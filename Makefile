@@ -28,8 +28,7 @@ demo: install
 	$(BIN)/bulkrun run jobs/classify-tickets.toml --out runs/demo --restart
 	@echo
 	@echo "results: runs/demo/results.jsonl   report: runs/demo/report.json"
-	@$(BIN)/python -c "import json; rows=[json.loads(l) for l in open('runs/demo/results.jsonl')]; \
-	[print(f\"{r['id']:>6}  {r.get('label')!s:<10} p={r.get('probability', 0):.2f}  {r.get('text', '')[:70]}\") for r in rows[:12]]"
+	@$(BIN)/python jobs/demo_accuracy.py runs/demo
 
 test: install
 	$(BIN)/pytest

@@ -1,5 +1,5 @@
 """The `bulkrun` command line. The CLI only parses, builds a JobSpec and calls the library; library
-errors become one clean line and an exit code here, at the edge (codes: see bulkrun/errors.py).
+errors become one clean line and an exit code here, at the edge (codes: see bulkrun/exceptions.py).
 
 Command modules register on the click group `bulkrun.cli.app.app`; job commands take the shared
 options with `bulkrun.cli.options.options(JOB_OPTIONS, ...)` and call
@@ -15,7 +15,7 @@ import sys
 import click
 
 from bulkrun.cli.app import app
-from bulkrun.errors import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_USAGE, BulkrunError
+from bulkrun.exceptions import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_USAGE, BulkrunError
 
 _COMMAND_MODULES = ("jobs", "classify", "eval", "outdir", "plan", "provider_batch")
 

@@ -22,4 +22,4 @@ def app() -> None:
     continuous-batching engine, with resumable, checkpointed results.
 
     INPUT of the job commands: a .jsonl, .parquet or .csv file, or an OpenAI batch .jsonl.
-    Exit codes: see `bulkrun.errors` (0 ok, 3 finished with row errors)."""
+    Exit codes: see `bulkrun.exceptions` (0 ok, 3 finished with row errors)."""

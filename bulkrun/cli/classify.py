@@ -6,7 +6,7 @@ from pathlib import Path
 
 from bulkrun.cli.app import INPUT, app
 from bulkrun.cli.execute import run_task_command
-from bulkrun.cli.options import JOB_OPTIONS, opt, options
+from bulkrun.cli.options import CALIBRATE_OPTIONS, JOB_OPTIONS, opt, options
 
 LABEL_OPTIONS = [
     opt("labels", str, "--labels", "-l", help="Labels: a comma list (billing,bug,feature) or a file with one label per line, optionally 'label: description'."),
@@ -19,12 +19,12 @@ LABEL_OPTIONS = [
 
 @app.command()
 @INPUT
-@options(JOB_OPTIONS, LABEL_OPTIONS)
+@options(JOB_OPTIONS, LABEL_OPTIONS, CALIBRATE_OPTIONS)
 def classify(input: Path, opts: dict) -> int:
     """Classify every row: each label is scored under the row's prompt (no text is generated).
 
-    Output per row: label, probability (a softmax over the label scores), label_probs and
-    label_scores. The instruction (labels, descriptions, examples from a job spec) comes first in
+    Output per row: label, probability and label_probs (calibrated against the label prior of
+    content-free inputs unless --calibrate none), their raw_ versions, and label_scores. The instruction (labels, descriptions, examples from a job spec) comes first in
     every prompt, so the prefix cache computes it once. Example:
     bulkrun classify tickets.parquet --labels billing,bug,feature --out runs/tickets
     """

@@ -7,7 +7,7 @@ from pathlib import Path
 from bulkrun.cli.app import INPUT, app
 from bulkrun.cli.classify import LABEL_OPTIONS
 from bulkrun.cli.execute import run_task_command
-from bulkrun.cli.options import JOB_OPTIONS, opt, options
+from bulkrun.cli.options import CALIBRATE_OPTIONS, JOB_OPTIONS, MULTIPLE_CHOICE_OPTIONS, opt, options
 
 EVAL_OPTIONS = [
     opt("expected_field", str, "--expected-field", help="Field with the expected answer (default: label with --labels, else answer)."),
@@ -23,7 +23,7 @@ SWEEP_OPTIONS = [
 
 @app.command(name="eval")
 @INPUT
-@options(JOB_OPTIONS, EVAL_OPTIONS, LABEL_OPTIONS, SWEEP_OPTIONS)
+@options(JOB_OPTIONS, EVAL_OPTIONS, LABEL_OPTIONS, CALIBRATE_OPTIONS, MULTIPLE_CHOICE_OPTIONS, SWEEP_OPTIONS)
 def eval_(input: Path, opts: dict) -> int:
     """Evaluate a suite whose rows carry expected answers; metrics to OUT/metrics.json.
 
@@ -32,6 +32,8 @@ def eval_(input: Path, opts: dict) -> int:
 
     With --labels the labels are scored (as in classify); otherwise the model generates and the
     answer is compared exactly, normalised (--match normalized), or as extracted by --answer-regex.
+    With --choices-field each row has its own choices, scored by log-likelihood as
+    lm-evaluation-harness's multiple_choice does (acc and acc_norm).
     Sweep options run one job per combination into OUT/runs/<name>/ and compare them in
     OUT/sweep.md and OUT/sweep.json.
     """

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from bulkrun.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_ROW_ERRORS, UsageError
+from bulkrun.exceptions import EXIT_INCOMPLETE, EXIT_OK, EXIT_ROW_ERRORS, UsageError
 from bulkrun.io.outdir import is_uri
 from bulkrun.job.spec import JobSpec, build_spec
 
@@ -21,12 +21,23 @@ def run_task_command(
 
 
 def execute(spec: JobSpec) -> int:
-    from bulkrun.distributed.options import check_exec_options
     from bulkrun.tasks.sweep import is_sweep
 
-    check_exec_options(spec.ray, spec.workers, spec.shard)
     if spec.task == "eval" and is_sweep(spec.task_options):
         return _sweep(spec)
+    report = run_spec(spec)
+    if not spec.quiet:
+        from bulkrun.job.stats import summary_lines
+
+        print("\n".join(summary_lines(report)), file=sys.stderr)
+    return exit_code(report, sliced=spec.shard is not None)
+
+
+def run_spec(spec: JobSpec) -> dict:
+    """Run one job (not a sweep) locally, as a --shard slice, on Ray or at a URI; its report."""
+    from bulkrun.distributed.options import check_exec_options
+
+    check_exec_options(spec.ray, spec.workers, spec.shard)
     if spec.ray is not None:
         from bulkrun.distributed.ray_driver import run_on_ray
 
@@ -39,11 +50,7 @@ def execute(spec: JobSpec) -> int:
         from bulkrun.job.runner import run_job
 
         report = run_job(spec)
-    if not spec.quiet:
-        from bulkrun.job.stats import summary_lines
-
-        print("\n".join(summary_lines(report)), file=sys.stderr)
-    return exit_code(report, sliced=spec.shard is not None)
+    return report
 
 
 def exit_code(report: dict, sliced: bool = False) -> int:
@@ -58,24 +65,33 @@ def exit_code(report: dict, sliced: bool = False) -> int:
 
 def _sweep(spec: JobSpec) -> int:
     """An eval sweep: one ordinary (resumable) job per combination, then a comparison table."""
-    from bulkrun.job.runner import run_job
-    from bulkrun.job.session import load_engine
-    from bulkrun.tasks.sweep import SweepError, markdown_table, run_sweep
+    from bulkrun.tasks.sweep import markdown_table
 
-    if spec.ray is not None or spec.shard is not None:
-        raise UsageError("an eval sweep runs its combinations one after another here; drop --ray/--shard")
-    has_labels = bool(spec.task_options.get("labels") or spec.task_options.get("labels_file"))
     codes = []
-
-    def run_one(child: JobSpec, engine=None) -> dict:
-        report = run_job(child, engine=engine)
-        codes.append(exit_code(report))
-        return report
-
-    try:
-        rows = run_sweep(spec, run_one, build_engine=load_engine, has_labels=has_labels)
-    except SweepError as exc:
-        raise UsageError(str(exc)) from None
+    rows = run_sweep_spec(spec, lambda report: codes.append(exit_code(report)))
     if not spec.quiet:
         print(markdown_table(rows), file=sys.stderr, end="")
     return max(codes, default=EXIT_OK)
+
+
+def run_sweep_spec(spec: JobSpec, on_report=lambda report: None) -> list[dict]:
+    """The sweep's rows (one per combination, as in OUT/sweep.json); `on_report` sees each run's report."""
+    from bulkrun.distributed.options import check_exec_options
+    from bulkrun.job.runner import run_job
+    from bulkrun.job.session import load_engine
+    from bulkrun.tasks.sweep import SweepError, run_sweep
+
+    check_exec_options(spec.ray, spec.workers, spec.shard)
+    if spec.ray is not None or spec.shard is not None:
+        raise UsageError("an eval sweep runs its combinations one after another here; drop --ray/--shard")
+    has_labels = bool(spec.task_options.get("labels") or spec.task_options.get("labels_file"))
+
+    def run_one(child: JobSpec, engine=None) -> dict:
+        report = run_job(child, engine=engine)
+        on_report(report)
+        return report
+
+    try:
+        return run_sweep(spec, run_one, build_engine=load_engine, has_labels=has_labels)
+    except SweepError as exc:
+        raise UsageError(str(exc)) from None

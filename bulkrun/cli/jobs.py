@@ -9,7 +9,7 @@ import click
 from bulkrun.cli.app import INPUT, app
 from bulkrun.cli.execute import execute, run_task_command
 from bulkrun.cli.options import JOB_OPTIONS, opt, options
-from bulkrun.errors import UsageError
+from bulkrun.exceptions import UsageError
 from bulkrun.job.spec import normalize_key, spec_from_file
 
 

@@ -82,6 +82,16 @@ DIST_OPTIONS = [
     opt("workers", click.IntRange(min=1), "--workers", help="With --ray: number of workers (engines). Default: one per GPU of the cluster, else 1."),
     opt("shard", str, "--shard", metavar="K/N", help="Job arrays: process only slice K of N (0-based: 0/N .. N-1/N; rows whose index % N == K). All slices share one --out; `bulkrun export OUT` merges them once all are done."),
 ]  # fmt: skip
+# fmt: off
+CALIBRATE_OPTIONS = [
+    opt("calibrate", str, "--calibrate", help="content-free (default: divide by the prompt's label prior) or none."),
+]
+MULTIPLE_CHOICE_OPTIONS = [
+    opt("choices_field", str, "--choices-field", help="Multiple choice: the list field of each row's choices."),
+    opt("context_field", str, "--context-field", help="Multiple choice: the context field (else the template/text field)."),
+    opt("target_delimiter", str, "--target-delimiter", help="Multiple choice: text between context and choice (default ' ')."),
+]
+# fmt: on
 
 JOB_OPTIONS = INPUT_OPTIONS + SAMPLING_OPTIONS + RUN_OPTIONS + ENGINE_OPTIONS + DIST_OPTIONS
 

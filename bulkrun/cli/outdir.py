@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from bulkrun.cli.app import app
-from bulkrun.errors import EXIT_INCOMPLETE, EXIT_OK, UsageError
+from bulkrun.exceptions import EXIT_INCOMPLETE, EXIT_OK, UsageError
 from bulkrun.io.outdir import is_uri
 
 # The job's output directory (its --out; a path or a URI).

@@ -10,7 +10,7 @@ import click
 from bulkrun.cli.app import app
 from bulkrun.cli.job_source import SOURCE, SOURCE_OPTIONS, job_spec
 from bulkrun.cli.options import JOB_OPTIONS, options
-from bulkrun.errors import EXIT_OK, UsageError
+from bulkrun.exceptions import EXIT_OK, UsageError
 
 
 @app.command()

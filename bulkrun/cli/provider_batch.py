@@ -11,7 +11,7 @@ import click
 from bulkrun.cli.app import app
 from bulkrun.cli.job_source import SOURCE, SOURCE_OPTIONS, job_spec
 from bulkrun.cli.options import JOB_OPTIONS, options
-from bulkrun.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_ROW_ERRORS
+from bulkrun.exceptions import EXIT_INCOMPLETE, EXIT_OK, EXIT_ROW_ERRORS
 
 
 @app.command("export-batch")

@@ -7,7 +7,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from bulkrun.errors import UsageError
+from bulkrun.exceptions import UsageError
 
 INSTALL_HINT = (
     "--ray needs Ray, an optional extra: pip install 'bulkrun[ray]'  (or: pip install 'ray[default]')"

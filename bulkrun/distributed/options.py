@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from bulkrun.errors import UsageError
+from bulkrun.exceptions import UsageError
 from bulkrun.io.outdir import is_uri
 from bulkrun.job.slices import parse_shard
 

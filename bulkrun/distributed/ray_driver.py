@@ -23,7 +23,7 @@ from typing import Any
 from bulkrun.distributed.cluster import Cluster, connect, import_ray
 from bulkrun.distributed.options import ray_address
 from bulkrun.distributed.ray_worker import DEFAULT_RUNNER, SliceWorker
-from bulkrun.errors import BulkrunError
+from bulkrun.exceptions import BulkrunError
 from bulkrun.io.outdir import is_uri
 from bulkrun.job.slices import Partition, all_partitions
 from bulkrun.job.stats import RunStats

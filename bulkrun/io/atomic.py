@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from bulkrun.errors import OutputError
+from bulkrun.exceptions import OutputError
 
 TMP_PREFIX = ".tmp-"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bulkrun.errors import InputError
+from bulkrun.exceptions import InputError
 
 JSONL, OPENAI, PARQUET, CSV = "jsonl", "openai", "parquet", "csv"
 FORMATS = (JSONL, OPENAI, PARQUET, CSV)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from bulkrun.errors import LockHeld
+from bulkrun.exceptions import LockHeld
 from bulkrun.io.atomic import writing
 from bulkrun.io.outdir import OutDir
 

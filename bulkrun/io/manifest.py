@@ -20,7 +20,7 @@ import json
 import os
 from pathlib import Path
 
-from bulkrun.errors import JobChanged
+from bulkrun.exceptions import JobChanged
 from bulkrun.io.atomic import create_exclusive
 
 MANIFEST = "manifest.json"
@@ -90,8 +90,15 @@ def write_or_check_manifest(out: Path, manifest: dict) -> dict:
     return old
 
 
+def _set(spec: dict) -> str:
+    return json.dumps({k: v for k, v in spec.items() if v is not None}, sort_keys=True, default=str)
+
+
 def describe_change(old: dict, new: dict) -> str | None:
-    if old.get("spec_fingerprint") != new["spec_fingerprint"]:
+    # An option added since the job began is absent from its manifest; unset (None) it means the
+    # behaviour the job had, so it is no change: such a job directory keeps working.
+    changed = old.get("spec_fingerprint") != new["spec_fingerprint"]
+    if changed and _set(old.get("spec", {})) != _set(new["spec"]):
         keys = sorted(set(old.get("spec", {})) | set(new["spec"]))
         diffs = [k for k in keys if old.get("spec", {}).get(k) != new["spec"].get(k)]
         shown = ", ".join(f"{k}: {old.get('spec', {}).get(k)!r} -> {new['spec'].get(k)!r}" for k in diffs[:3])

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from itertools import islice
 from pathlib import Path
 
-from bulkrun.errors import InputError, RowError, UsageError
+from bulkrun.exceptions import InputError, RowError, UsageError
 from bulkrun.io.formats import CSV, JSONL, OPENAI, PARQUET
 from bulkrun.io.openai_batch import parse_request
 
@@ -149,20 +149,28 @@ def check_columns(path: Path, fmt: str, named: Mapping[str, str], window: int) -
     field name would otherwise cost the whole job in error records."""
     if not named:
         return
-    if fmt in (PARQUET, CSV):
-        columns = list(_parquet_columns(path) if fmt == PARQUET else csv_column_names(path))
-        where = "is not a column of"
-    else:
-        rows = [fields for _, fields in islice(read_rows(path, fmt), window) if isinstance(fields, dict)]
-        if not rows:
-            return  # nothing to judge by: bad rows become error records as usual
-        columns = list(dict.fromkeys(key for fields in rows for key in fields))
-        where = f"is in none of the first {len(rows)} rows of"
+    columns, where = input_columns(path, fmt, window)
+    if columns is None:
+        return  # nothing to judge by: bad rows become error records as usual
     for field, option in named.items():
         if field not in columns:
             raise UsageError(
                 f"{option} '{field}' {where} input '{path}' (its fields: {', '.join(columns) or 'none'})"
             )
+
+
+def input_columns(path: Path, fmt: str, window: int) -> tuple[list[str] | None, str]:
+    """The input's columns (a JSONL file: the fields of its first `window` rows; None when none of
+    those is an object), and how to say a field is not among them."""
+    if fmt in (PARQUET, CSV):
+        columns = list(_parquet_columns(path) if fmt == PARQUET else csv_column_names(path))
+        return columns, "is not a column of"
+    rows = [fields for _, fields in islice(read_rows(path, fmt), window) if isinstance(fields, dict)]
+    if not rows:
+        return None, ""
+    return list(
+        dict.fromkeys(key for fields in rows for key in fields)
+    ), f"is in none of the first {len(rows)} rows of"
 
 
 def _parquet_columns(path: Path) -> list[str]:

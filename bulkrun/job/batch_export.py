@@ -18,7 +18,7 @@ import json
 import uuid
 from pathlib import Path
 
-from bulkrun.errors import UsageError
+from bulkrun.exceptions import UsageError
 from bulkrun.io.atomic import write_json_atomic
 from bulkrun.io.formats import OPENAI
 from bulkrun.io.manifest import job_fingerprint

@@ -19,7 +19,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bulkrun.errors import InputError, JobChanged
+from bulkrun.exceptions import InputError, JobChanged
 from bulkrun.io.atomic import write_json_atomic
 from bulkrun.io.lock import JobLock, lock_name
 from bulkrun.io.manifest import job_fingerprint, read_manifest

@@ -146,7 +146,7 @@ def export_job(out: Path, fmt: str | None = None, force: bool = False) -> dict:
     """`bulkrun export OUT`: write the final files from the committed shards, once all rows are done
     (a split job: once every slice is done; Incomplete lists the missing ones). `force` exports
     whatever is committed so far."""
-    from bulkrun.errors import Incomplete, InputError, LockHeld
+    from bulkrun.exceptions import Incomplete, InputError, LockHeld
     from bulkrun.io.manifest import read_manifest
     from bulkrun.job.resume import load_committed
     from bulkrun.job.status import job_status
@@ -166,7 +166,7 @@ def export_job(out: Path, fmt: str | None = None, force: bool = False) -> dict:
             f"{status['remaining']} of {status['rows']} rows are not done yet; rerun the job to finish it "
             "(or export --force for what is committed)"
         )
-    task = _task_from_manifest(manifest)
+    task = task_from_manifest(manifest)
     final = write_final_files(out, manifest, task, fmt)
     committed = load_committed(out)
     report = _previous_report(out) | {
@@ -185,7 +185,7 @@ def export_job(out: Path, fmt: str | None = None, force: bool = False) -> dict:
     return report
 
 
-def _task_from_manifest(manifest: dict) -> Task | None:
+def task_from_manifest(manifest: dict) -> Task | None:
     from bulkrun.job.spec import task_class
 
     try:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from bulkrun.engine.params import EngineRequest
-from bulkrun.errors import RowError
+from bulkrun.exceptions import RowError
 from bulkrun.job.resume import RowSet
 from bulkrun.tasks.base import Item, RawText, Task
 
@@ -55,18 +55,24 @@ class PromptBuilder:
     def prepare(self, items: list[Item], sort: bool = True) -> tuple[list[Prepared], list[dict]]:
         """The window's requests (length-sorted when `sort`) and its error records."""
         errors: list[dict] = []
-        texts: list[tuple[Item, str, bool]] = []  # (item, text, add special tokens)
-        chats: list[tuple[Item, list[dict]]] = []
+        rendered = []
         for item in items:
             try:
-                rendered = self.task.render(item)
+                rendered.append((item, self.task.render(item)))
             except RowError as exc:
                 errors.append(error_record(item.index, item.id, exc))
-                continue
-            if isinstance(rendered, RawText) or not self.chat_template:
-                texts.append((item, _plain_text(rendered), True))
+        return self.prepare_rendered(rendered, errors, sort)
+
+    def prepare_rendered(self, rendered: list[tuple[Item, str | list[dict]]], errors: list[dict],
+                         sort: bool = True) -> tuple[list[Prepared], list[dict]]:  # fmt: skip
+        """Like prepare, for prompts already rendered (e.g. a task's content-free prompts)."""
+        texts: list[tuple[Item, str, bool]] = []  # (item, text, add special tokens)
+        chats: list[tuple[Item, list[dict]]] = []
+        for item, prompt in rendered:
+            if isinstance(prompt, RawText) or not self.chat_template:
+                texts.append((item, _plain_text(prompt), True))
             else:
-                chats.append((item, self.messages(rendered)))
+                chats.append((item, self.messages(prompt)))
         texts += self._apply_chat_template(chats, errors)
         prepared = self._tokenize(texts, errors)
         if sort:

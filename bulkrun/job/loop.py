@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from bulkrun.engine.outputs import RequestOutput, StepStats
 from bulkrun.engine.params import EngineRequest
-from bulkrun.errors import RowError
+from bulkrun.exceptions import RowError
 from bulkrun.io.shards import ShardWriter
 from bulkrun.job.feed import Prepared, Window, error_record
 from bulkrun.job.stats import RunStats

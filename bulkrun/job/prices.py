@@ -25,7 +25,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from bulkrun.errors import UsageError
+from bulkrun.exceptions import UsageError
 
 MTOK = 1_000_000
 _REQUIRED = ("provider", "model", "input_usd_per_mtok", "output_usd_per_mtok", "as_of")

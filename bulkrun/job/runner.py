@@ -15,10 +15,11 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from bulkrun.errors import UsageError
+from bulkrun.exceptions import UsageError
 from bulkrun.io.manifest import job_fingerprint
 from bulkrun.io.readers import read_rows
 from bulkrun.io.shards import ERRORS_DIR, RESULTS_DIR, ShardWriter
+from bulkrun.job.calibrate import calibrate_task
 from bulkrun.job.loop import Checkpointer, JobLoop, ProgressBar
 from bulkrun.job.feed import Feed, IdRegistry, PromptBuilder
 from bulkrun.job.resume import load_committed
@@ -75,10 +76,8 @@ def _stream(session: JobSession, engine, writer: str, select, on_progress: Progr
         session.task, engine.tokenizer, chat_template=spec.chat_template, system=spec.system,
         max_model_len=engine.max_model_len,
     )  # fmt: skip
-    openai = session.input_format == "openai"
     feed = Feed(
-        read_rows(Path(spec.input), session.input_format), builder,
-        IdRegistry("custom_id" if openai else spec.id_field),
+        read_rows(Path(spec.input), session.input_format), builder, IdRegistry(session.id_field),
         done=committed.done, window=spec.window, sort=spec.sort_by_length, select=select,
     )  # fmt: skip
     already = len(committed.done) if select is None else sum(1 for r in committed.done.rows() if select(r))
@@ -87,6 +86,7 @@ def _stream(session: JobSession, engine, writer: str, select, on_progress: Progr
     bar = ProgressBar(
         total, already, stats, quiet=spec.quiet or on_progress is not None, label=spec.task
     )
+    calibrate_task(session.task, builder, engine)
     loop = JobLoop(engine, session.task, results, errors, stats, keep_fields=spec.keep_fields)
     loop.on_record, loop.on_step = _hooks(bar, stats, on_progress, already)
 

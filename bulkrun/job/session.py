@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bulkrun.errors import ModelError, OutputError, UsageError
+from bulkrun.exceptions import ModelError, OutputError, UsageError
 from bulkrun.io.atomic import make_dirs, write_json_atomic
 from bulkrun.io.formats import OPENAI, detect_format
 from bulkrun.io.lock import JobLock, lock_name
@@ -38,7 +38,7 @@ from bulkrun.io.manifest import (
     write_or_check_manifest,
 )
 from bulkrun.io.outdir import is_uri
-from bulkrun.io.readers import check_columns, count_rows
+from bulkrun.io.readers import check_columns, count_rows, input_columns
 from bulkrun.job.resume import Committed, load_committed
 from bulkrun.job.spec import JobSpec, task_class
 from bulkrun.job.stats import RunStats
@@ -74,6 +74,14 @@ class JobSession:
     @property
     def input_format(self) -> str:
         return self.manifest["input"]["format"]
+
+    @property
+    def id_field(self) -> str | None:
+        """The field ids come from (None: row numbers), as the manifest recorded it when the job
+        began; a job begun before ids were recorded keeps its --id-field (row numbers without)."""
+        if "ids" in self.manifest:
+            return self.manifest["ids"]["field"]
+        return "custom_id" if self.input_format == OPENAI else self.spec.id_field
 
     def report(self, stats: RunStats, committed: Committed | None = None,
                select: Callable[[int], bool] | None = None) -> dict:  # fmt: skip
@@ -152,6 +160,7 @@ def named_fields(spec: JobSpec, task: Task) -> dict[str, str]:
     if spec.id_field is not None:
         named[spec.id_field] = "--id-field"
     named.update({name: "--keep-field" for name in spec.keep_fields})
+    named.update(task.named_fields())
     return named
 
 
@@ -251,9 +260,25 @@ def wipe(out: Path) -> None:
         shutil.rmtree(out / name, ignore_errors=True)
 
 
+ID_COLUMNS = ("id", "custom_id")  # taken as the id when --id-field is not given, in this order
+
+
+def resolve_ids(spec: JobSpec, input_path: Path, fmt: str) -> dict:
+    """Where ids come from: --id-field; else an `id` (or `custom_id`) column of the input (JSONL:
+    of its first --window rows); else the row number. The manifest records it."""
+    if fmt == OPENAI:
+        return {"field": "custom_id", "source": "openai batch"}
+    if spec.id_field is not None:
+        return {"field": spec.id_field, "source": "--id-field"}
+    columns, _ = input_columns(input_path, fmt, spec.window)
+    found = next((name for name in ID_COLUMNS if name in (columns or ())), None)
+    return {"field": found, "source": "input column" if found else "row number"}
+
+
 def _manifest(spec, task, input_path: Path, fmt: str, model_info: dict, out: Path) -> dict:
     input_info = {"path": str(input_path), "format": fmt, **input_fingerprint(input_path)}
     manifest = build_manifest(spec.result_options(type(task)), model_info, input_info)
+    manifest["ids"] = resolve_ids(spec, input_path, fmt)
     old = read_manifest(out)
     if old is None or describe_change(old, manifest):  # a new job: count its rows (a reading pass)
         input_info["rows"] = count_rows(input_path, fmt)

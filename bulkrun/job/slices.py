@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from bulkrun.errors import Incomplete, UsageError
+from bulkrun.exceptions import Incomplete, UsageError
 from bulkrun.io.outdir import OutDir
 
 SLICES_DIR = "slices"

@@ -31,7 +31,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from bulkrun.engine.params import SamplingParams
-from bulkrun.errors import SpecError, UsageError
+from bulkrun.exceptions import SpecError, UsageError
 from bulkrun.job.slices import parse_shard
 from bulkrun.tasks.base import Task
 

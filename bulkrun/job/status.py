@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from bulkrun.errors import InputError
+from bulkrun.exceptions import InputError
 from bulkrun.io.lock import is_live, read_lock
 from bulkrun.io.manifest import read_manifest
 from bulkrun.job.resume import load_committed

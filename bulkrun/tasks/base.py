@@ -17,13 +17,13 @@ from typing import Any, ClassVar
 
 from bulkrun.engine.outputs import RequestOutput
 from bulkrun.engine.params import EngineRequest, SamplingParams
-from bulkrun.errors import RowError
+from bulkrun.exceptions import RowError
 
 
 @dataclass(slots=True)
 class Item:
     index: int  # row number in the input, 0-based (JSONL: line number); unique and stable across runs
-    id: str  # from --id-field, else str(index)
+    id: str  # from the id field (--id-field, else an `id` / `custom_id` column), else str(index)
     fields: dict  # the row's columns (OpenAI batch lines: {"messages": [...], "body": {...}})
 
 
@@ -83,6 +83,10 @@ class Task(ABC):
     def result(self, item: Item, outputs: list[RequestOutput]) -> dict:
         """The task's columns of the result record (plain JSON-able values). Raise RowError to turn
         the item into an error record instead."""
+
+    def named_fields(self) -> dict[str, str]:
+        """Input fields this task's own options name (field -> the flag), checked before any work."""
+        return {}
 
     def summarize(self, results: list[dict]) -> dict | None:
         """End-of-job metrics over all result records (eval); None when the task has none."""

@@ -88,3 +88,21 @@ class ContinuationTokenizer:
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def scoring_request(request_id: str, prompt_ids: list[int], continuations: list[list[int]],
+                    max_model_len: int, what: str):  # fmt: skip
+    """One engine request scoring every continuation after the prompt (its KV computed once); a
+    prompt that cannot hold its longest continuation is a row error."""
+    from bulkrun.engine.params import EngineRequest, SamplingParams
+    from bulkrun.exceptions import RowError
+
+    if len(prompt_ids) + max(len(c) for c in continuations) > max_model_len:
+        raise RowError(
+            "prompt_too_long",
+            f"prompt of {len(prompt_ids)} tokens plus {what} exceeds the model's context of "
+            f"{max_model_len} tokens",
+        )
+    return EngineRequest(
+        request_id, list(prompt_ids), SamplingParams(max_tokens=0), continuations=continuations
+    )

@@ -114,6 +114,7 @@ def metrics_lines(metrics: dict) -> list[str]:
     if kind == "classify":
         counts = metrics.get("label_counts") or {}
         lines = ["labels: " + ", ".join(f"{name} {count}" for name, count in counts.items())]
+        lines += calibration_lines(metrics)
         if metrics.get("label_tokenization_fallbacks"):
             lines.append(
                 f"note: on {metrics['label_tokenization_fallbacks']} prompts a label merged with the "
@@ -123,9 +124,25 @@ def metrics_lines(metrics: dict) -> list[str]:
     if kind in ("classification", "generation"):
         lines = format_metrics(metrics)
         if kind == "classification" and metrics["items"]:
-            lines += confusion_lines(metrics)
+            lines += calibration_lines(metrics) + confusion_lines(metrics)
         return lines
+    if kind == "multiple_choice":
+        from bulkrun.tasks.multiple_choice import metrics_lines as multiple_choice_lines
+
+        return multiple_choice_lines(metrics)
     return []
+
+
+def calibration_lines(metrics: dict) -> list[str]:
+    """The content-free prior the labels were calibrated against (and the uncalibrated accuracy)."""
+    calibration = metrics.get("calibration") or {}
+    if calibration.get("mode") != "content-free" or not calibration.get("prior"):
+        return []
+    prior = ", ".join(f"{name} {p:.2f}" for name, p in calibration["prior"].items())
+    line = f"calibrated against the content-free prior: {prior}"
+    if metrics.get("raw_accuracy") is not None:
+        line += f" (uncalibrated accuracy {metrics['raw_accuracy']:.1%})"
+    return [line]
 
 
 def confusion_lines(metrics: dict) -> list[str]:

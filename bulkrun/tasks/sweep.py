@@ -154,7 +154,9 @@ def sweep_row(combo: Combination, child, report: dict) -> dict:
         "temperature": child.temperature if combo.temperature is not None else None,
         "items": metrics.get("items"),
         "errors": report.get("errors"),
-        "accuracy": metrics.get("accuracy"),
+        "accuracy": metrics.get("accuracy"),  # multiple choice: acc
+        "acc_norm": metrics.get("acc_norm"),  # multiple choice
+        "raw_accuracy": metrics.get("raw_accuracy"),  # calibrated labels: the accuracy without
         "macro_f1": metrics.get("macro_f1"),
         "items_per_s": report.get("items_per_s"),
         "metrics": metrics,
@@ -177,6 +179,8 @@ def markdown_table(rows: Sequence[dict]) -> str:
         "items",
         "errors",
         "accuracy",
+        "acc_norm",
+        "uncalibrated",
         "macro F1",
         "items/s",
     ]
@@ -190,6 +194,8 @@ def markdown_table(rows: Sequence[dict]) -> str:
             _cell(r["items"]),
             _cell(r["errors"]),
             _pct(r["accuracy"]),
+            _pct(r.get("acc_norm")),
+            _pct(r.get("raw_accuracy")),
             _pct(r["macro_f1"]),
             "-" if r["items_per_s"] is None else f"{r['items_per_s']:.2f}",
         ]

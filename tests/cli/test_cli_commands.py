@@ -10,7 +10,7 @@ from helpers.rows import texts, write_jsonl
 
 from bulkrun import __version__
 from bulkrun.cli.app import app
-from bulkrun.errors import (
+from bulkrun.exceptions import (
     EXIT_INPUT,
     EXIT_JOB_CHANGED,
     EXIT_LOCKED,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers.rows import read_jsonl, write_jsonl
 
-from bulkrun.errors import EXIT_OK
+from bulkrun.exceptions import EXIT_OK
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,11 +70,12 @@ def test_openai_batch_on_the_default_model(bulkrun, tmp_path, default_model):
     assert outputs[0]["response"]["body"]["usage"]["completion_tokens"] <= 8
 
 
-# Measured with the default model on the 100 shipped tickets (2026-12-01): accuracy 0.22, with all 19
-# shipping tickets labelled shipping (it answers "shipping" for 96 of 100 tickets: a 135M model
-# de-quantized from Q4_1). The majority class (bug) is 22%, so the model does NOT beat it; the floor
-# is set a little below what it really reaches, and the shipping recall pins the scoring itself.
-ACCURACY_FLOOR = 0.20
+# Measured with the default model on the 100 shipped tickets (2026-12-01), default options (calibrated
+# against the content-free prior): accuracy 0.45; uncalibrated (raw_label) 0.22, "shipping" for 96 of
+# 100 tickets. The floor is a little below what the calibrated default reaches; the raw figure pins
+# that calibration is what lifts it, and the shipping recall pins the scoring itself.
+ACCURACY_FLOOR = 0.40
+RAW_ACCURACY_CEILING = 0.30
 
 
 def test_shipped_classify_spec_reaches_its_accuracy_floor_on_the_shipped_tickets(
@@ -90,6 +91,8 @@ def test_shipped_classify_spec_reaches_its_accuracy_floor_on_the_shipped_tickets
     truth = {t["id"]: t["label"] for t in tickets}
     accuracy = sum(r["label"] == truth[r["id"]] for r in results) / len(results)
     assert accuracy >= ACCURACY_FLOOR
+    raw_accuracy = sum(r["raw_label"] == truth[r["id"]] for r in results) / len(results)
+    assert raw_accuracy <= RAW_ACCURACY_CEILING
     shipping = [r for r in results if truth[r["id"]] == "shipping"]
     assert len(shipping) == 19 and all(r["label"] == "shipping" for r in shipping)
     metrics_free = json.loads((tmp_path / "out" / "report.json").read_text())

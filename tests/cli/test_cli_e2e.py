@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 from helpers.models import ENGINE_FLAGS
 from helpers.rows import read_jsonl, texts, write_jsonl
 
-from bulkrun.errors import EXIT_OK
+from bulkrun.exceptions import EXIT_OK
 
 ROWS = texts(12)
 

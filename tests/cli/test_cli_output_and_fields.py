@@ -14,7 +14,7 @@ import pytest
 from helpers.models import ENGINE_FLAGS
 from helpers.rows import committed_rows, read_jsonl, texts, write_jsonl
 
-from bulkrun.errors import EXIT_OK, EXIT_OUTPUT, EXIT_ROW_ERRORS, EXIT_USAGE
+from bulkrun.exceptions import EXIT_OK, EXIT_OUTPUT, EXIT_ROW_ERRORS, EXIT_USAGE
 from bulkrun.io import atomic
 
 ROWS = texts(12) + [{"id": "bad", "text": None}]  # one error record: the error shard is written too

@@ -10,7 +10,7 @@ import pytest
 from helpers.models import ENGINE_FLAGS
 from helpers.rows import read_jsonl, texts, write_jsonl
 
-from bulkrun.errors import EXIT_ROW_ERRORS, EXIT_USAGE
+from bulkrun.exceptions import EXIT_ROW_ERRORS, EXIT_USAGE
 
 BAD_ROWS = [
     {"id": "r2", "text": "a duplicate id"},

@@ -20,7 +20,7 @@ from helpers.provider_batch import (
 )
 from helpers.rows import read_jsonl, texts, write_jsonl
 
-from bulkrun.errors import EXIT_INCOMPLETE, EXIT_INPUT, EXIT_ROW_ERRORS, EXIT_USAGE
+from bulkrun.exceptions import EXIT_INCOMPLETE, EXIT_INPUT, EXIT_ROW_ERRORS, EXIT_USAGE
 from bulkrun.io.shards import RESULTS_DIR, shard_paths
 
 BAD_ROWS = [{"id": "r1", "text": "a duplicate id"}, {"id": "nofield"}, {"id": "x y", "text": "spaced id"}]

@@ -9,7 +9,7 @@ import click
 from bulkrun.cli import main
 from bulkrun.cli.options import DIST_OPTIONS, options
 from bulkrun.distributed.options import RAY_DEFAULT, check_exec_options, ray_address
-from bulkrun.errors import EXIT_USAGE, UsageError
+from bulkrun.exceptions import EXIT_USAGE, UsageError
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from bulkrun.distributed.cluster import (
     connect,
     import_ray,
 )
-from bulkrun.errors import EXIT_USAGE
+from bulkrun.exceptions import EXIT_USAGE
 
 
 def test_missing_ray_names_the_extra_to_install(monkeypatch):

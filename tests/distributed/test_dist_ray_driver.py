@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers.fake_slice_runner import FakeSpec, expected_results, read_results, shard_rows
 
-from bulkrun.errors import InputError, ModelError
+from bulkrun.exceptions import InputError, ModelError
 from bulkrun.job.slices import check_complete
 
 pytestmark = pytest.mark.ray

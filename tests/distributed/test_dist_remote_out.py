@@ -12,7 +12,7 @@ import time
 import pytest
 from helpers.rows import read_results, spec_values
 
-from bulkrun.errors import EXIT_INCOMPLETE, LockHeld
+from bulkrun.exceptions import EXIT_INCOMPLETE, LockHeld
 from bulkrun.io.lock import STALE_AFTER_S, JobLock, lock_name
 from bulkrun.io.mirror import RemoteMirror, staged
 from bulkrun.io.outdir import OutDir
@@ -81,7 +81,7 @@ def test_staged_uploads_at_the_end_and_leaves_no_local_mirror(tmp_path):
 
 def test_shard_slices_on_a_file_uri_equal_a_local_run(tiny_job, reference_results, tmp_path, capsys):
     from bulkrun.distributed.uri import export_at_uri, run_job_at_uri
-    from bulkrun.errors import Incomplete
+    from bulkrun.exceptions import Incomplete
     from bulkrun.job.spec import build_spec
 
     source, args = tiny_job

@@ -8,7 +8,7 @@ from pathlib import Path
 from helpers.rows import committed_rows, duplicated_rows, read_results
 
 from bulkrun.cli import main
-from bulkrun.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE
+from bulkrun.exceptions import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE
 from bulkrun.io.shards import RESULTS_DIR, shard_paths, shard_rows
 
 N = 3

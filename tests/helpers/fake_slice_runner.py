@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bulkrun.errors import InputError, ModelError
+from bulkrun.exceptions import InputError, ModelError
 from bulkrun.job.slices import Partition, mark_slice_done
 from bulkrun.job.stats import RunStats
 

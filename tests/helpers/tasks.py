@@ -85,6 +85,12 @@ def run_items(task, tokenizer, engine, rows: list[dict]):
 
     items = [Item(index, str(fields.get("id", index)), fields) for index, fields in enumerate(rows)]
     builder = PromptBuilder(task, tokenizer, chat_template=True, system=None, max_model_len=1 << 30)
+    prompts = task.content_free_prompts() if hasattr(task, "content_free_prompts") else []
+    if prompts:  # calibration first, as the job layer does (job/calibrate.py)
+        content_free = [(Item(-1 - k, "cf", {}), p) for k, p in enumerate(prompts)]
+        prepared, errors = builder.prepare_rendered(content_free, [], sort=False)
+        assert not errors, errors
+        task.set_content_free([engine.run(r) for p in prepared for r in p.requests])
     prepared, errors = builder.prepare(items, sort=False)
     assert not errors, errors
     return [task.result(p.item, [engine.run(r) for r in p.requests]) for p in prepared]

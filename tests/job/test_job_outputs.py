@@ -6,7 +6,7 @@ import pytest
 from helpers.fake_engine import FakeEngine
 from helpers.rows import read_jsonl, texts, write_jsonl
 
-from bulkrun.errors import Incomplete
+from bulkrun.exceptions import Incomplete
 from bulkrun.job.export import export_job
 from bulkrun.job.status import job_status
 

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers.rows import write_jsonl
 
-from bulkrun.errors import InputError
+from bulkrun.exceptions import InputError
 from bulkrun.io.formats import CSV, JSONL, OPENAI, PARQUET, detect_format
 from bulkrun.io.readers import count_rows, read_rows
 from bulkrun.tasks.base import RowError

@@ -8,7 +8,7 @@ import pytest
 from helpers.fake_engine import FakeEngine
 from helpers.rows import read_jsonl, texts, write_jsonl
 
-from bulkrun.errors import JobChanged, LockHeld
+from bulkrun.exceptions import JobChanged, LockHeld
 from bulkrun.io.lock import JobLock
 
 
@@ -132,6 +132,22 @@ def test_a_changed_job_is_refused_unless_restart(tmp_path, run_fake):
         run_fake(input=str(path), out=out)
     report = run_fake(input=str(path), out=out, temperature=0.5, restart=True)
     assert report["complete"] and report["results_total"] == 6
+
+
+def test_an_option_added_since_the_job_began_is_no_change_while_unset(tmp_path, run_fake):
+    import json
+
+    path = write_jsonl(tmp_path / "in.jsonl", texts(5))
+    out = tmp_path / "out"
+    run_fake(input=str(path), out=str(out))
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["spec"]["an_older_option"] = None  # as if an option had been removed since
+    del manifest["spec"]["system"]  # as if --system had been added since (unset: None)
+    manifest["spec_fingerprint"] = "from-an-older-release"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert run_fake(input=str(path), out=str(out))["complete"]
+    with pytest.raises(JobChanged, match="system"):
+        run_fake(input=str(path), out=str(out), system="Be brief.")
 
 
 def test_engine_knobs_and_window_may_change_on_resume(tmp_path, run_fake):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bulkrun.errors import EXIT_INCOMPLETE
+from bulkrun.exceptions import EXIT_INCOMPLETE
 from bulkrun.io.outdir import OutDir
 from bulkrun.job.slices import (
     IncompleteSlices,

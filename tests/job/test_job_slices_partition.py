@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bulkrun.errors import UsageError
+from bulkrun.exceptions import UsageError
 from bulkrun.job.slices import Partition, ShardError, all_partitions, parse_shard
 
 

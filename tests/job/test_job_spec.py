@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bulkrun.errors import SpecError, UsageError
+from bulkrun.exceptions import SpecError, UsageError
 from bulkrun.job.spec import build_spec, parse_checkpoint, parse_size, spec_from_file
 
 

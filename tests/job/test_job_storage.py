@@ -12,7 +12,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from bulkrun.errors import JobChanged, LockHeld
+from bulkrun.exceptions import JobChanged, LockHeld
 from bulkrun.io import shards as merge_module
 from bulkrun.io.lock import STALE_AFTER_S, JobLock
 from bulkrun.io.manifest import build_manifest, input_fingerprint, write_or_check_manifest

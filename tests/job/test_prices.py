@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from bulkrun.errors import EXIT_USAGE
+from bulkrun.exceptions import EXIT_USAGE
 from bulkrun.job.prices import Price, PriceTableError, costs, load_prices, parse_prices
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "jobs" / "prices" / "example.toml"

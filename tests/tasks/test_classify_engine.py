@@ -32,7 +32,7 @@ TOL = 2e-4  # fp32: same math in another summation order
 
 def make_task(tokenizer, max_model_len=2048, normalize="sum"):
     examples = [{"text": "Refund my order please", "label": "billing"}]
-    task = ClassifyTask(LABELS, examples=examples, normalize=normalize)
+    task = ClassifyTask(LABELS, examples=examples, normalize=normalize, calibrate="none")
     task.bind(TaskContext(tokenizer=tokenizer, max_model_len=max_model_len, sampling=SamplingParams()))
     return task
 

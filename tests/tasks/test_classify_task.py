@@ -10,7 +10,8 @@ from helpers.tasks import ReferenceEngine, chat_prompt_ids, load_hf_model, run_i
 from bulkrun.engine.outputs import RequestOutput
 from bulkrun.engine.params import SamplingParams
 from bulkrun.tasks.base import Item, RowError, TaskContext
-from bulkrun.tasks.classify import ClassifyTask, softmax
+from bulkrun.tasks.calibration import argmax, calibrate, normalized_probs
+from bulkrun.tasks.classify import ClassifyTask
 from bulkrun.tasks.labels import LabelError
 
 ROWS = [
@@ -61,15 +62,19 @@ def test_label_columns_follow_the_reference_scores(tokenizer, tiny_model):
             .continuation_logprobs
         ]
         assert list(result["label_scores"].values()) == pytest.approx(expected, abs=1e-6)
+        raw = list(result["raw_label_probs"].values())
+        assert raw == pytest.approx(normalized_probs(expected))
+        assert result["raw_label"] == ("billing", "bug", "feature request")[argmax(expected)]
+        # the label is the argmax of the raw probabilities divided by the content-free prior
+        prior = list(result["label_prior"].values())
         probs = list(result["label_probs"].values())
-        assert sum(probs) == pytest.approx(1.0) and probs == pytest.approx(softmax(expected))
-        best = max(range(3), key=expected.__getitem__)
-        assert result["label"] == ("billing", "bug", "feature request")[best]
-        assert result["probability"] == pytest.approx(probs[best])
+        assert sum(probs) == pytest.approx(1.0) and probs == pytest.approx(calibrate(raw, prior))
+        assert result["label"] == ("billing", "bug", "feature request")[argmax(probs)]
+        assert result["probability"] == pytest.approx(max(probs))
 
 
 def test_mean_normalisation_divides_by_label_length(tokenizer):
-    task = make_task(tokenizer, normalize="mean")
+    task = make_task(tokenizer, normalize="mean", calibrate="none")
     out = RequestOutput(
         "score", [1], finish_reason="scored", continuation_logprobs=[[-1.0], [-0.5], [-1.0, -2.0]]
     )
@@ -81,7 +86,7 @@ def test_mean_normalisation_divides_by_label_length(tokenizer):
 
 
 def test_ties_go_to_the_first_listed_label(tokenizer):
-    task = make_task(tokenizer)
+    task = make_task(tokenizer, calibrate="none")
     out = RequestOutput(
         "s", [1], finish_reason="scored", continuation_logprobs=[[-2.0], [-1.0], [-0.5, -0.5]]
     )

@@ -40,13 +40,69 @@ def test_classify_parquet_gives_label_columns_as_a_struct(bulkrun, tmp_path, tin
     table = pq.read_table(out / "results.parquet")
     assert table.column("id").to_pylist() == ["a", "b", "c", "d"]
     assert pa.types.is_struct(table.schema.field("label_probs").type)
-    for row in table.to_pylist():  # the columns agree: label = best score, probs = softmax of scores
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["items"] == 4 and metrics["calibration"]["mode"] == "content-free"
+    assert metrics["calibration"]["content_free_inputs"] == ["N/A", "[MASK]", ""]
+    prior = metrics["calibration"]["prior"]
+    assert sum(prior.values()) == pytest.approx(1.0)
+    for row in table.to_pylist():  # the columns agree: raw = softmax of scores, calibrated = raw / prior
         scores = row["label_scores"]
-        assert row["label"] == max(scores, key=scores.get)
+        assert row["raw_label"] == max(scores, key=scores.get)
         total = sum(math.exp(v) for v in scores.values())
-        assert row["label_probs"] == pytest.approx({k: math.exp(v) / total for k, v in scores.items()})
+        raw = {k: math.exp(v) / total for k, v in scores.items()}
+        assert row["raw_label_probs"] == pytest.approx(raw)
+        assert row["label_prior"] == pytest.approx(prior)
+        ratios = {k: raw[k] / prior[k] for k in raw}
+        calibrated = {k: r / sum(ratios.values()) for k, r in ratios.items()}
+        assert row["label_probs"] == pytest.approx(calibrated)
+        assert row["label"] == max(calibrated, key=calibrated.get)
         assert row["probability"] == pytest.approx(row["label_probs"][row["label"]])
-    assert json.loads((out / "metrics.json").read_text())["items"] == 4
+
+
+def test_an_id_column_is_the_id_and_calibrate_none_keeps_the_raw_scores(bulkrun, tmp_path, tiny_model_dir):
+    source = write_jsonl(tmp_path / "t.jsonl", TICKETS)
+    out = tmp_path / "out"
+    code, err = bulkrun("classify", source, "--labels", "billing,bug", "--model", tiny_model_dir, "--out", out, "--calibrate", "none", *ENGINE_FLAGS)  # fmt: skip
+    assert code == 0, err
+    rows = read_jsonl(out / "results.jsonl")
+    assert [r["id"] for r in rows] == ["a", "b", "c", "d"]  # no --id-field: the `id` column
+    assert json.loads((out / "manifest.json").read_text())["ids"] == {"field": "id", "source": "input column"}
+    for row in rows:
+        scores = row["label_scores"]
+        assert row["label"] == max(scores, key=scores.get) and "raw_label" not in row
+    assert json.loads((out / "metrics.json").read_text())["calibration"] == {"mode": "none"}
+    plain = write_jsonl(tmp_path / "plain.jsonl", [{"text": t["text"]} for t in TICKETS])
+    code, err = bulkrun("classify", plain, "--labels", "billing,bug", "--model", tiny_model_dir, "--out", tmp_path / "o2", *ENGINE_FLAGS)  # fmt: skip
+    assert code == 0, err
+    assert [r["id"] for r in read_jsonl(tmp_path / "o2" / "results.jsonl")] == ["0", "1", "2", "3"]
+
+
+def test_a_job_begun_before_ids_were_recorded_keeps_its_row_number_ids(bulkrun, tmp_path, tiny_model_dir):
+    source = write_jsonl(tmp_path / "t.jsonl", TICKETS)
+    out = tmp_path / "out"
+    args = [
+        "classify",
+        source,
+        "--labels",
+        "billing,bug",
+        "--model",
+        tiny_model_dir,
+        "--out",
+        out,
+        *ENGINE_FLAGS,
+    ]
+    code, err = bulkrun(*args)
+    assert code == 0, err
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["ids"]  # as written before ids were recorded: row numbers were the ids
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    for shard in (out / "shards").iterdir():  # the last row was not done yet
+        table = pq.read_table(shard)
+        rows = [r | {"id": str(r["row"])} for r in table.to_pylist() if r["row"] != 3]
+        pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), shard)
+    code, err = bulkrun(*args)
+    assert code == 0, err
+    assert [r["id"] for r in read_jsonl(out / "results.jsonl")] == ["0", "1", "2", "3"]
 
 
 @pytest.mark.parametrize(

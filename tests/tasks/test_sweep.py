@@ -82,7 +82,7 @@ def test_run_sweep_runs_each_combination_into_its_own_dir_and_writes_tables(tmp_
     saved = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
     assert [r["name"] for r in saved["runs"]] == [r["name"] for r in rows]
     table = (tmp_path / "sweep" / "sweep.md").read_text()
-    assert "| m2-b__temp1 | b | (default) | 1 | 10 | 0 | 40.0% | - | 2.50 |" in table
+    assert "| m2-b__temp1 | b | (default) | 1 | 10 | 0 | 40.0% | - | - | - | 2.50 |" in table
 
 
 def test_markdown_escapes_pipes_in_templates():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bulkrun.errors import InputError, UsageError
+from bulkrun.exceptions import InputError, UsageError
 
 
 class UnsupportedOption(UsageError):
