@@ -87,7 +87,7 @@ ENGINE_OPTIONS = [
     ),
     opt("kernels", str, "--kernels", help="auto | triton | cpu | reference."),
     opt("device", str, "--device", help="cpu or cuda (default: cuda if available)."),
-    opt("dtype", str, "--dtype", help="float32 / bfloat16 / float16 (default: fp32 on CPU, bf16 on CUDA)."),
+    opt("dtype", str, "--dtype", help="float32 / bfloat16 / float16 (default: bf16 on CUDA; on the CPU bf16 where it is native, else fp32)."),
 ]
 DIST_OPTIONS = [Opt("ray", RayOpt), Opt("workers", WorkersOpt), Opt("shard", ShardOpt)]
 
