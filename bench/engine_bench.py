@@ -1,28 +1,41 @@
-"""Engine benchmark: bulkrun against transformers on one workload, in one process, on this machine.
+"""Engine benchmark: bulkrun against transformers on one workload, on this machine.
 
-Workload: 48 chat prompts of 50-400 tokens, up to 64 new tokens, greedy, default model (fp32, CPU).
-Peers: transformers `generate` at batch 1, static left-padded batches of 16, and transformers' own
-continuous batching (`generate_batch`). Also: the fraction of the machine's matmul rate bulkrun reached,
-and the gain of prefix caching on a workload with a long shared instruction.
+Workload: 48 chat prompts of 50-400 tokens, up to 64 new tokens, greedy, default model (CPU).
+bulkrun: the CLI (`bulkrun generate`, start-up included, a fresh process) in its default CPU mode
+(bf16 where the CPU has native bf16, else fp32), and the engine in-process in that mode and in fp32.
+Peers, in fp32 and in bf16: transformers `generate` in static left-padded batches of 16, and
+transformers' own continuous batching (`generate_batch`). The ratio is against the fastest peer.
+Checks: bulkrun's fp32 outputs against transformers' fp32 ones (token for token); the fraction of
+the machine's matmul rate bulkrun reached; the gain of prefix caching on a long shared instruction.
 
-    .venv/bin/python bench/engine_bench.py [--prompts 48] [--max-new 64] [--batch1-prompts 8] [--repeats 3]
+    .venv/bin/python bench/engine_bench.py [--prompts 48] [--max-new 64] [--repeats 3] [--no-prefix-check]
 
-The machine is noisy, so bulkrun and the binding baseline (static batches of 16) run --repeats times
-and their medians are compared; batch 1 and generate_batch, far behind, run once.
+The machine is noisy, so the in-process bulkrun runs and the static-16 peers run --repeats times
+(medians compared); the CLI and generate_batch run once.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from workload import chat_prompts, matmul_gflops, model_flops_per_token, shared_prefix_prompts  # noqa: E402
+from workload import (  # noqa: E402
+    chat_prompts,
+    chat_texts,
+    matmul_gflops,
+    model_flops_per_token,
+    shared_prefix_prompts,
+)
 
 from bulkrun.engine.config import EngineConfig  # noqa: E402
 from bulkrun.engine.engine import Engine  # noqa: E402
@@ -30,7 +43,7 @@ from bulkrun.engine.params import EngineRequest, SamplingParams  # noqa: E402
 from bulkrun.model_source import resolve_model  # noqa: E402
 
 
-def run_bulkrun(engine: Engine, prompts: list[list[int]], max_new: int) -> tuple[float, int]:
+def run_bulkrun(engine: Engine, prompts: list[list[int]], max_new: int) -> tuple[float, int, list[list[int]]]:
     """One run on a cold prefix cache: a fresh Engine (scheduler, block pool) over the loaded model,
     so a repeat never reuses the KV blocks of the previous run's identical prompts."""
     engine = Engine(engine.runner, engine.config)
@@ -38,7 +51,8 @@ def run_bulkrun(engine: Engine, prompts: list[list[int]], max_new: int) -> tuple
     requests = [EngineRequest(f"r{i}", p, params) for i, p in enumerate(prompts)]
     t0 = time.perf_counter()
     outputs = engine.generate(requests)
-    return time.perf_counter() - t0, sum(len(o.output_token_ids) for o in outputs)
+    secs = time.perf_counter() - t0
+    return secs, sum(len(o.output_token_ids) for o in outputs), [list(o.output_token_ids) for o in outputs]
 
 
 def _generated_len(row: list[int], eos: set[int]) -> int:
@@ -48,19 +62,8 @@ def _generated_len(row: list[int], eos: set[int]) -> int:
     return len(row)
 
 
-def run_hf_batch1(model, prompts, max_new: int, eos: set[int]) -> tuple[float, int]:
-    t0, generated = time.perf_counter(), 0
-    for p in prompts:
-        ids = torch.tensor([p])
-        out = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False
-        )
-        generated += _generated_len(out[0, len(p) :].tolist(), eos)
-    return time.perf_counter() - t0, generated
-
-
 def run_hf_static(model, prompts, max_new: int, eos: set[int], pad_id: int, batch: int = 16):
-    t0, generated = time.perf_counter(), 0
+    t0, generated, outputs = time.perf_counter(), 0, []
     for start in range(0, len(prompts), batch):
         group = prompts[start : start + batch]
         width = max(map(len, group))
@@ -69,8 +72,11 @@ def run_hf_static(model, prompts, max_new: int, eos: set[int], pad_id: int, batc
         out = model.generate(
             ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False, pad_token_id=pad_id
         )
-        generated += sum(_generated_len(row[width:].tolist(), eos) for row in out)
-    return time.perf_counter() - t0, generated
+        for row in out:
+            n = _generated_len(row[width:].tolist(), eos)
+            generated += n
+            outputs.append(row[width : width + n].tolist())
+    return time.perf_counter() - t0, generated, outputs
 
 
 def run_hf_generate_batch(model, prompts, max_new: int, eos_id: int, pad_id: int) -> tuple[float, int]:
@@ -80,16 +86,39 @@ def run_hf_generate_batch(model, prompts, max_new: int, eos_id: int, pad_id: int
         max_new_tokens=max_new, do_sample=False, eos_token_id=eos_id, pad_token_id=pad_id
     )
     t0 = time.perf_counter()
-    out = model.generate_batch(prompts, generation_config=config)
-    return time.perf_counter() - t0, sum(len(r.generated_tokens) for r in out.values())
+    out = model.generate_batch(prompts, generation_config=config, progress_bar=False)
+    secs = time.perf_counter() - t0
+    outputs = [list(r.generated_tokens) for r in out.values()]  # in input order
+    return secs, sum(map(len, outputs)), outputs
+
+
+def run_cli(texts: list[str], max_new: int, dtype: str | None) -> tuple[float, int, dict]:
+    """`bulkrun generate` over the prompts' texts (the chat template makes the same prompts), a fresh
+    process timed from launch to exit: start-up, reading, writing and all."""
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = Path(tmp) / "rows.jsonl"
+        rows.write_text("".join(json.dumps({"id": f"r{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+        cmd = [str(Path(sys.executable).with_name("bulkrun")), "generate", str(rows), "--out", f"{tmp}/out",
+               "--max-tokens", str(max_new), "--quiet", *(["--dtype", dtype] if dtype else [])]  # fmt: skip
+        t0 = time.perf_counter()
+        subprocess.run(cmd, check=True)
+        secs = time.perf_counter() - t0
+        report = json.loads((Path(tmp) / "out" / "report.json").read_text())
+    return secs, report["generated_tokens"], report
+
+
+def identical(ours: list[list[int]], theirs: list[list[int]]) -> int:
+    return sum(a == b for a, b in zip(ours, theirs, strict=True))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=48)
     ap.add_argument("--max-new", type=int, default=64)
-    ap.add_argument("--batch1-prompts", type=int, default=8, help="batch 1 is slow: run it on a subset")
-    ap.add_argument("--repeats", type=int, default=3, help="runs of bulkrun and static-16 (median)")
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="runs of in-process bulkrun and static-16 (median)"
+    )
+    ap.add_argument("--no-prefix-check", action="store_true", help="skip the prefix-caching part")
     args = ap.parse_args()
 
     from transformers import AutoModelForCausalLM
@@ -99,67 +128,89 @@ def main() -> None:
     model_dir = resolve_model(None)
     engine = Engine.from_model(str(model_dir), EngineConfig())
     tok = engine.tokenizer
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     eos_id, pad_id = tok.eos_token_id, tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     eos = {eos_id}
     prompts = chat_prompts(tok, n=args.prompts)
+    texts = chat_texts(tok, n=args.prompts)
     prompt_tokens = sum(map(len, prompts))
     print(
         f"workload: {len(prompts)} prompts, {prompt_tokens} prompt tokens "
         f"({min(map(len, prompts))}-{max(map(len, prompts))}), up to {args.max_new} new tokens, greedy"
     )
+    print(f"bulkrun's default CPU mode here: {engine.dtype} ({engine.dtype_reason})")
 
     gflops = matmul_gflops()
-    run_bulkrun(engine, prompts[:4], 4)  # warm-up
-    rows = []
+    rows, outputs = [], {}
 
-    def record(name: str, result: tuple[float, int]) -> None:
-        rows.append((name, *result))  # printed as it lands: the slow peers take minutes
+    def record(name: str, result: tuple) -> None:
+        rows.append((name, result[0], result[1]))  # printed as it lands: the slow peers take minutes
+        if len(result) > 2 and isinstance(result[2], list):
+            outputs[name] = result[2]
         print(f"  {name:<48} {result[1]:>6} tokens in {result[0]:7.1f} s", flush=True)
 
-    def median_of(run, *run_args) -> tuple[float, int]:
+    def median_of(run, *run_args) -> tuple:
         results = [run(*run_args) for _ in range(args.repeats)]
-        print(f"    runs: {', '.join(f'{secs:.1f} s' for secs, _ in results)}", flush=True)
-        return statistics.median(secs for secs, _ in results), results[0][1]
+        print(f"    runs: {', '.join(f'{r[0]:.1f} s' for r in results)}", flush=True)
+        return statistics.median(r[0] for r in results), *results[0][1:]
 
-    record("bulkrun", median_of(run_bulkrun, engine, prompts, args.max_new))
-    sub = prompts[: args.batch1_prompts]
-    with torch.inference_mode():
-        record(
-            f"transformers generate, batch 1 ({len(sub)} prompts)", run_hf_batch1(hf, sub, args.max_new, eos)
-        )
-        record(
-            "transformers generate, static batch 16",
-            median_of(run_hf_static, hf, prompts, args.max_new, eos, pad_id),
-        )
-        record(
-            "transformers generate_batch (continuous)",
-            run_hf_generate_batch(hf, prompts, args.max_new, eos_id, pad_id),
-        )
+    cli_name = f"bulkrun CLI, {engine.dtype} (start-up included)"
+    record(cli_name, run_cli(texts, args.max_new, None))
+    run_bulkrun(engine, prompts[:4], 4)  # warm-up
+    record(f"bulkrun engine, {engine.dtype}", median_of(run_bulkrun, engine, prompts, args.max_new))
+    if engine.dtype != "float32":
+        del engine
+        engine = Engine.from_model(str(model_dir), EngineConfig(dtype="float32"))
+        run_bulkrun(engine, prompts[:4], 4)
+        record("bulkrun engine, float32", run_bulkrun(engine, prompts, args.max_new))
+    peers = []
+    for dtype in (torch.float32, torch.bfloat16):
+        name = str(dtype).removeprefix("torch.")
+        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+        with torch.inference_mode():
+            record(
+                f"transformers static batch 16, {name}",
+                median_of(run_hf_static, hf, prompts, args.max_new, eos, pad_id),
+            )
+            record(
+                f"transformers generate_batch, {name}",
+                run_hf_generate_batch(hf, prompts, args.max_new, eos_id, pad_id),
+            )
+        peers += [f"transformers static batch 16, {name}", f"transformers generate_batch, {name}"]
+        del hf
 
     rate = {name: gen / secs for name, secs, gen in rows}
-    ours = rate["bulkrun"]
-    print(f"\n{'system':<48} {'gen tok':>8} {'seconds':>8} {'tok/s':>8} {'bulkrun x':>10}")
+    fastest = max(peers, key=rate.get)
+    print(f"\n{'system':<48} {'gen tok':>8} {'seconds':>8} {'tok/s':>8} {'vs fastest peer':>16}")
     for name, secs, gen in rows:
-        print(f"{name:<48} {gen:>8} {secs:>8.1f} {gen / secs:>8.1f} {ours / (gen / secs):>9.2f}x")
-    best_batched = max(v for k, v in rate.items() if "static" in k or "generate_batch" in k)
+        print(f"{name:<48} {gen:>8} {secs:>8.1f} {gen / secs:>8.1f} {rate[name] / rate[fastest]:>15.2f}x")
     print(
-        f"\nbulkrun vs the better of static-16 and generate_batch: {ours / best_batched:.2f}x (target >= 3x)"
+        f"\n{cli_name} vs the fastest peer ({fastest}): {rate[cli_name] / rate[fastest]:.2f}x "
+        "(target >= 3x, goal 4x)"
     )
+    ours32 = outputs["bulkrun engine, float32"]
+    for peer in ("transformers static batch 16, float32", "transformers generate_batch, float32"):
+        print(
+            f"bulkrun fp32 greedy outputs identical to {peer}: {identical(ours32, outputs[peer])}/{len(ours32)}"
+        )
 
-    config = hf.config
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir)
     mean_context = (prompt_tokens / len(prompts) + args.max_new / 2) / 2
+    name32 = "bulkrun engine, float32"
+    secs32, gen32 = next((secs, gen) for name, secs, gen in rows if name == name32)
     flops = prompt_tokens * (
         model_flops_per_token(config, mean_context) - 2 * config.hidden_size * config.vocab_size
     )
-    flops += rows[0][2] * model_flops_per_token(config, mean_context)
-    achieved = flops / rows[0][1] / 1e9
+    flops += gen32 * model_flops_per_token(config, mean_context)
+    achieved = flops / secs32 / 1e9
     print(
         f"matmul rate of this machine (fp32 1024^3, best of 15): {gflops:.1f} GFLOP/s; "
-        f"bulkrun reached {achieved:.1f} GFLOP/s = {100 * achieved / gflops:.0f}% of it"
+        f"bulkrun fp32 reached {achieved:.1f} GFLOP/s = {100 * achieved / gflops:.0f}% of it"
     )
-
-    del engine, hf  # free the KV cache and the reference model before the next engines
+    if args.no_prefix_check:
+        return
+    del engine  # free the KV cache before the next engines
     shared = shared_prefix_prompts(tok, n=args.prompts)
     print(
         f"\nprefix caching: {len(shared)} prompts of ~{sum(map(len, shared)) // len(shared)} tokens sharing "
@@ -170,7 +221,7 @@ def main() -> None:
         eng = Engine.from_model(
             str(model_dir), EngineConfig(enable_prefix_caching=on, kv_cache_bytes=1 << 30)
         )
-        secs, gen = run_bulkrun(eng, shared, 16)
+        secs, _, _ = run_bulkrun(eng, shared, 16)
         results[on] = secs
         print(f"  prefix cache {'on ' if on else 'off'}: {secs:6.1f} s  ({len(shared) / secs:.2f} prompts/s)")
     print(f"  gain: {results[False] / results[True]:.2f}x")

@@ -5,13 +5,18 @@ length sorting on vs off on the real engine.
    *instant fake engine* (it answers every request at once with one token), so what is measured is
    the job layer: reading, ids, rendering + chat template + batch tokenizing (default model's
    tokenizer), sorting, shards, the final merge. Target: the two differ by less than 20%.
-2. The job layer's own items/s from the 200,000-row run (same instant engine), next to the items/s
+2. The same on the *real engine* (a tiny random model, so 200,000 rows finish in minutes; its KV
+   cache is small per token, so the default 4 GiB budget holds millions of token slots and a pool
+   that walked through untouched blocks would show it): peak RSS beside the KV cache's peak use
+   from report.json. Target: the two differ by less than 20%.
+3. The job layer's own items/s from the 200,000-row run (same instant engine), next to the items/s
    the real engine reaches in part 3: the job layer must be far faster, so it never starves it.
-3. Length sorting on vs off: the same mixed-length workload (50-400 token prompts in one window,
+4. Length sorting on vs off: the same mixed-length workload (50-400 token prompts in one window,
    greedy, 16 new tokens, at most 8 running) through the real engine: tokens/s (median of
    --repeats alternating runs), engine steps and mean running batch.
 
-    .venv/bin/python bench/job_bench.py [--small 2000] [--large 200000] [--sort-rows 24] [--tiny]
+    .venv/bin/python bench/job_bench.py [--small 2000] [--large 200000] [--engine-large 200000]
+                                        [--sort-rows 24] [--tiny]
 """
 
 from __future__ import annotations
@@ -92,6 +97,28 @@ def child_memory(input_path: str, out: str, model: str) -> dict:
             "peak_rss_mib": peak_kib / 1024}  # fmt: skip
 
 
+def child_engine_memory(input_path: str, out: str, model: str) -> dict:
+    """Run one whole job on the real engine; peak RSS and the KV cache's figures from report.json."""
+    from bulkrun.job.runner import run_job
+    from bulkrun.job.spec import build_spec
+
+    spec = build_spec([("bench", {"task": "generate", "input": input_path, "out": out, "model": model,
+                                  "id_field": "id", "quiet": True, "max_tokens": 4})])  # fmt: skip
+    started = time.perf_counter()
+    report = run_job(spec)
+    wall = time.perf_counter() - started
+    keys = (
+        "peak_rss_mb",
+        "kv_cache_mb",
+        "kv_cache_peak_mb",
+        "kv_cache_touched_mb",
+        "kv_cache_use_peak",
+        "dtype",
+        "prefix_cache_hit_rate",
+    )
+    return {"rows": report["results_total"], "wall_s": wall, **{k: report[k] for k in keys}}
+
+
 def child_sorting(model: str, rows: int, repeats: int) -> dict:
     """The real engine on one mixed-length window, sorted by length or not, runs alternating (so
     the machine's drift hits both alike); tokens/s, engine steps and mean running batch."""
@@ -156,6 +183,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", type=int, default=2_000)
     parser.add_argument("--large", type=int, default=200_000)
+    parser.add_argument(
+        "--engine-large", type=int, default=200_000, help="rows of the real engine's large run"
+    )
+    parser.add_argument("--skip-sorting", action="store_true", help="only the memory parts")
     parser.add_argument("--sort-rows", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tiny", action="store_true", help="use a tiny random model instead of the default")
@@ -165,6 +196,8 @@ def main() -> None:
         kind, *rest = args.child
         if kind == "memory":
             result = child_memory(*rest)
+        elif kind == "engine-memory":
+            result = child_engine_memory(*rest)
         else:
             result = child_sorting(rest[0], int(rest[1]), int(rest[2]))
         print(json.dumps(result))
@@ -177,22 +210,45 @@ def main() -> None:
         memory[rows] = _child(
             ["memory", str(workdir / f"in-{rows}.jsonl"), str(workdir / f"out-{rows}"), model]
         )
-    sorting = _child(["sorting", model, str(args.sort_rows), str(args.repeats)])
-    _print_table(args, memory, sorting)
+    tiny = model if args.tiny else _model(True)
+    engine_memory = {}
+    for rows in (args.small, args.engine_large):
+        write_input(workdir / f"in-{rows}.jsonl", rows)
+        engine_memory[rows] = _child(
+            ["engine-memory", str(workdir / f"in-{rows}.jsonl"), str(workdir / f"engine-out-{rows}"), tiny]
+        )
+    _print_memory(args, memory, engine_memory)
+    if not args.skip_sorting:
+        _print_sorting(args, memory, _child(["sorting", model, str(args.sort_rows), str(args.repeats)]))
 
 
-def _print_table(args, memory: dict, sorting: dict) -> None:
+def _print_memory(args, memory: dict, engine_memory: dict) -> None:
     small, large = memory[args.small], memory[args.large]
     growth = large["peak_rss_mib"] / small["peak_rss_mib"] - 1
-    engine_items = sorting["on"]["items_per_s"]
-    gain = sorting["on"]["tokens_per_s"] / sorting["off"]["tokens_per_s"] - 1
     model = "a tiny random model's" if args.tiny else "the default model's"
     print(f"job layer (instant fake engine, {model} tokenizer, chat template on)")
     print(f"  {'rows':>9} {'peak RSS MiB':>13} {'items/s':>10} {'wall s':>8}")
     for rows, m in memory.items():
         print(f"  {rows:>9} {m['peak_rss_mib']:>13.1f} {m['items_per_s']:>10.0f} {m['wall_s']:>8.1f}")
     print(f"  peak RSS growth {args.small} -> {args.large} rows: {growth:+.1%} (target < 20%)")
-    print(f"  job layer alone {large['items_per_s']:.0f} items/s vs real engine {engine_items:.2f} items/s "
+    print("real engine (tiny random model, 4 new tokens, default KV budget), from report.json")
+    print(
+        f"  {'rows':>9} {'peak RSS MiB':>13} {'KV budget MiB':>14} {'KV peak MiB':>12} {'KV touched MiB':>15} "
+        f"{'prefix hits':>12} {'wall s':>8}"
+    )
+    for rows, m in engine_memory.items():
+        print(f"  {rows:>9} {m['peak_rss_mb']:>13.1f} {m['kv_cache_mb']:>14.0f} {m['kv_cache_peak_mb']:>12.1f} "
+              f"{m['kv_cache_touched_mb']:>15.1f} {m['prefix_cache_hit_rate']:>12.0%} {m['wall_s']:>8.1f}")  # fmt: skip
+    first, last = engine_memory[args.small], engine_memory[args.engine_large]
+    print(f"  peak RSS growth {args.small} -> {args.engine_large} rows: "
+          f"{last['peak_rss_mb'] / first['peak_rss_mb'] - 1:+.1%} (target < 20%)")  # fmt: skip
+
+
+def _print_sorting(args, memory: dict, sorting: dict) -> None:
+    large = memory[args.large]
+    engine_items = sorting["on"]["items_per_s"]
+    gain = sorting["on"]["tokens_per_s"] / sorting["off"]["tokens_per_s"] - 1
+    print(f"job layer alone {large['items_per_s']:.0f} items/s vs real engine {engine_items:.2f} items/s "
           f"(x{large['items_per_s'] / max(engine_items, 1e-9):.0f} headroom)")  # fmt: skip
     print(f"length sorting, real engine, {args.sort_rows} prompts of 50-400 tokens in one window, 16 new "
           f"tokens, max {SORT_MAX_SEQS} running, greedy, on/off runs alternating")  # fmt: skip

@@ -1,11 +1,14 @@
 """CPU precision benchmark: bulkrun's engine in bfloat16 against itself in float32, on the engine
 bench's workload (48 chat prompts, 64 new tokens, greedy), in one process.
 
-Speed: engine wall time of each precision, median of --repeats runs on a cold prefix cache.
+Variants: float32 (the reference), bfloat16 as it runs by default (residual stream in fp32) and
+bfloat16 with its residual stream in bf16 as well (the choice between the two is by these figures).
+Speed: engine wall time of each, median of --repeats runs on a cold prefix cache.
 Quality, against the fp32 run as reference:
   - greedy outputs identical to fp32's (count) and the mean common prefix (tokens);
   - mean |log p| difference of fp32's chosen tokens, scored teacher-forced under both precisions;
-  - perplexity of a held-in text sample (the shipped tickets) under both (target: within 1%).
+  - perplexity of a held-in text sample (the shipped tickets) under both (target: within 1%);
+  - classify labels (label scoring) equal to fp32's on the shipped tickets (target: >= 98%).
 
     .venv/bin/python bench/precision_bench.py [--prompts 48] [--max-new 64] [--repeats 3]
 """
@@ -71,17 +74,45 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+def classify_labels(engine: Engine, count: int) -> list[str]:
+    """The labels label scoring gives the shipped tickets (the classify task's prompts)."""
+    from classify_bench import bulkrun_scoring, chat_ids, load_tickets
+
+    from bulkrun.tasks.base import Item, TaskContext
+    from bulkrun.tasks.classify import ClassifyTask
+    from bulkrun.tasks.labels import LabelSet
+
+    rows = load_tickets(count)
+    task = ClassifyTask(LabelSet(tuple(dict.fromkeys(r["label"] for r in rows))))
+    task.bind(TaskContext(engine.tokenizer, engine.max_model_len, SamplingParams()))
+    prompts = [chat_ids(engine.tokenizer, task.render(Item(i, r["id"], r))) for i, r in enumerate(rows)]
+    return bulkrun_scoring(engine, task, prompts, True)[0]
+
+
+def load_variants() -> dict[str, Engine]:
+    """fp32 (the reference), bf16 as it runs by default (fp32 residual stream), and bf16 with the
+    residual stream in bf16 too (what phase 1 shipped), so the choice between them is by figures."""
+    model_dir = str(resolve_model(None))
+    variants = {
+        name: Engine.from_model(model_dir, EngineConfig(dtype=name)) for name in ("float32", "bfloat16")
+    }
+    bf16_stream = Engine.from_model(model_dir, EngineConfig(dtype="bfloat16"))
+    bf16_stream.runner.model.residual_dtype = None
+    variants["bf16 (bf16 stream)"] = bf16_stream
+    return variants
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", type=int, default=48)
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--tickets", type=int, default=100, help="shipped tickets classified under each precision"
+    )
     args = ap.parse_args()
-    model_dir = str(resolve_model(None))
-    engines = {
-        name: Engine.from_model(model_dir, EngineConfig(dtype=name)) for name in ("float32", "bfloat16")
-    }
-    tokenizer = engines["float32"].runner.tokenizer
+    engines = load_variants()
+    tokenizer = engines["float32"].tokenizer
     prompts = chat_prompts(tokenizer, args.prompts)
     results = {}
     for name, engine in engines.items():
@@ -89,40 +120,50 @@ def main() -> None:
         runs = [greedy(engine, prompts, args.max_new) for _ in range(args.repeats)]
         secs = statistics.median(r[0] for r in runs)
         results[name] = {"seconds": secs, "outputs": runs[0][1], "runs": [round(r[0], 2) for r in runs]}
-    ref = results["float32"]["outputs"]
+    ref = results["float32"]
     firsts, rests = text_chunks(tokenizer)
     for name, engine in engines.items():
         r = results[name]
-        r["scored"] = score(engine, prompts, ref)
+        r["scored"] = score(engine, prompts, ref["outputs"])
         lps = [lp for piece in score(engine, firsts, rests) for lp in piece]
         r["ppl"] = math.exp(-sum(lps) / len(lps))
+        r["labels"] = classify_labels(engine, args.tickets)
     print(
         f"workload: {len(prompts)} prompts, {sum(map(len, prompts))} prompt tokens, {args.max_new} new, greedy"
     )
-    print(f"{'precision':<10} {'gen tok':>8} {'median s':>9} {'tok/s':>8}  runs")
+    print(f"{'precision':<20} {'gen tok':>8} {'median s':>9} {'tok/s':>8}  runs")
     for name, r in results.items():
         gen = sum(map(len, r["outputs"]))
-        print(f"{name:<10} {gen:>8} {r['seconds']:>9.2f} {gen / r['seconds']:>8.1f}  {r['runs']}")
-    speedup = results["float32"]["seconds"] / results["bfloat16"]["seconds"]
-    print(f"bf16 engine speed vs fp32: {speedup:.2f}x")
-    bf = results["bfloat16"]
-    same = sum(a == b for a, b in zip(bf["outputs"], ref, strict=True))
-    prefix = statistics.mean(common_prefix(a, b) for a, b in zip(bf["outputs"], ref, strict=True))
-    diffs = [
-        abs(x - y)
-        for a, b in zip(bf["scored"], results["float32"]["scored"], strict=True)
-        for x, y in zip(a, b, strict=True)
-    ]
+        print(f"{name:<20} {gen:>8} {r['seconds']:>9.2f} {gen / r['seconds']:>8.1f}  {r['runs']}")
+    mean_len = statistics.mean(map(len, ref["outputs"]))
+    print(f"quality against fp32 ({len(ref['outputs'])} prompts, mean fp32 output {mean_len:.1f} tokens):")
     print(
-        f"greedy identical to fp32: {same}/{len(ref)}; mean common prefix {prefix:.1f} of {statistics.mean(map(len, ref)):.1f} tokens"
+        f"{'precision':<20} {'speed':>6} {'greedy same':>12} {'mean prefix':>12} {'|dlogp|':>8} {'max':>6} "
+        f"{'ppl':>9} {'ppl diff':>9} {'labels same':>12}"
     )
-    print(
-        f"mean |logprob diff| of fp32's chosen tokens: {statistics.mean(diffs):.4f} (max {max(diffs):.3f}, {len(diffs)} tokens)"
-    )
-    ppl32, ppl16 = results["float32"]["ppl"], bf["ppl"]
-    print(
-        f"perplexity of the tickets text: fp32 {ppl32:.4f}, bf16 {ppl16:.4f} ({(ppl16 / ppl32 - 1) * 100:+.2f}%)"
-    )
+    for name, r in results.items():
+        if r is ref:
+            print(
+                f"{name:<20} {1:>5.2f}x {'':>12} {'':>12} {'':>8} {'':>6} {r['ppl']:>9.4f} {'':>9} {'':>12}"
+            )
+            continue
+        same = sum(a == b for a, b in zip(r["outputs"], ref["outputs"], strict=True))
+        prefix = statistics.mean(
+            common_prefix(a, b) for a, b in zip(r["outputs"], ref["outputs"], strict=True)
+        )
+        diffs = [
+            abs(x - y)
+            for a, b in zip(r["scored"], ref["scored"], strict=True)
+            for x, y in zip(a, b, strict=True)
+        ]
+        same_of = f"{same}/{len(ref['outputs'])}"
+        labels = sum(a == b for a, b in zip(r["labels"], ref["labels"], strict=True)) / len(ref["labels"])
+        print(
+            f"{name:<20} {ref['seconds'] / r['seconds']:>5.2f}x {same_of:>12} "
+            f"{prefix:>12.1f} {statistics.mean(diffs):>8.4f} {max(diffs):>6.3f} {r['ppl']:>9.4f} "
+            f"{(r['ppl'] / ref['ppl'] - 1) * 100:>+8.2f}% {labels:>11.0%}"
+        )
+    print("targets: perplexity within 1% of fp32's, classify labels equal to fp32's on >= 98% of the tickets")
 
 
 if __name__ == "__main__":

@@ -24,18 +24,25 @@ _TASKS = (
 
 def chat_prompts(tokenizer, n: int = 48, lo: int = 50, hi: int = 400, seed: int = 0) -> list[list[int]]:
     """`n` chat-templated prompts whose token lengths spread evenly over [lo, hi]."""
+    return [_encode_chat(tokenizer, text) for text in chat_texts(tokenizer, n, lo, hi, seed)]
+
+
+def chat_texts(tokenizer, n: int = 48, lo: int = 50, hi: int = 400, seed: int = 0) -> list[str]:
+    """The user messages of chat_prompts (the same order), e.g. as rows for the CLI."""
     rng = random.Random(seed)
-    prompts = []
+    texts = []
     for i in range(n):
         target = lo + (hi - lo) * i // max(1, n - 1)
         words = [rng.choice(_WORDS) for _ in range(target)]
-        ids = _encode_chat(tokenizer, f"{rng.choice(_TASKS)}\n\n{' '.join(words)}")
+        text = f"{rng.choice(_TASKS)}\n\n{' '.join(words)}"
+        ids = _encode_chat(tokenizer, text)
         while len(ids) > target and len(words) > 1:  # trim to the target length
             words = words[: max(1, len(words) - max(1, (len(ids) - target)))]
-            ids = _encode_chat(tokenizer, f"{_TASKS[i % len(_TASKS)]}\n\n{' '.join(words)}")
-        prompts.append(ids)
-    rng.shuffle(prompts)  # arrival order is not sorted; the engine must cope
-    return prompts
+            text = f"{_TASKS[i % len(_TASKS)]}\n\n{' '.join(words)}"
+            ids = _encode_chat(tokenizer, text)
+        texts.append(text)
+    rng.shuffle(texts)  # arrival order is not sorted; the engine must cope
+    return texts
 
 
 def shared_prefix_prompts(

@@ -73,7 +73,7 @@ ENGINE_OPTIONS = [
     opt("prefix_cache", bool, "--prefix-cache/--no-prefix-cache", help="Reuse shared prompt prefixes (default: on)."),
     opt("kernels", str, "--kernels", help="auto | triton | cpu | reference."),
     opt("device", str, "--device", help="cpu or cuda (default: cuda if available)."),
-    opt("dtype", str, "--dtype", help="float32 / bfloat16 / float16 (default: fp32 on CPU, bf16 on CUDA)."),
+    opt("dtype", str, "--dtype", help="float32 / bfloat16 / float16 (default: bf16 on CUDA; on a CPU bf16 where it has native bf16, else fp32)."),
     opt("cuda_graphs", bool, "--cuda-graphs/--no-cuda-graphs", help="Replay captured CUDA graphs for decode-only steps (default: on; CUDA only)."),
 ]  # fmt: skip
 

@@ -20,7 +20,7 @@ class EngineConfig:
     max_num_seqs: int | None = None  # max running sequences
     max_num_batched_tokens: int | None = None  # per-step token budget
     enable_prefix_caching: bool = True
-    dtype: str | None = None  # None -> float32 on CPU, bfloat16 on CUDA
+    dtype: str | None = None  # None -> bfloat16 on CUDA; on the CPU bfloat16 where native, else float32
     device: str | None = None  # None -> cuda if available else cpu
     kernels: str = "auto"  # a name in bulkrun_kernels.BACKENDS
     max_waiting: int = 1024  # backpressure threshold for has_capacity()

@@ -35,6 +35,10 @@ class Engine:
         if self.config.max_model_len is not None:
             self.max_model_len = min(self.max_model_len, self.config.max_model_len)
         self.vocab_size: int | None = getattr(runner, "vocab_size", None)
+        # what the model computes in and why (None from a runner that does not say)
+        dtype = getattr(runner, "dtype", None)
+        self.dtype: str | None = None if dtype is None else str(dtype).removeprefix("torch.")
+        self.dtype_reason: str | None = getattr(runner, "dtype_reason", None)
         self.pool = BlockPool(runner.num_blocks, runner.block_size, self.config.enable_prefix_caching)
         # the budget the runner chose for its device, or the config's (CPU defaults where unset)
         self.limits: EngineLimits = getattr(runner, "limits", None) or choose_limits(self.config, "cpu")
@@ -166,6 +170,7 @@ class Engine:
             num_preempted=len(sched.preempted),
             kv_blocks_used=self.pool.num_used_blocks,
             kv_blocks_total=self.pool.num_blocks,
+            kv_blocks_touched=self.pool.num_touched_blocks,
             prefix_cache_hit_tokens=sched.num_prefix_hit_tokens,
             num_finished=len(outputs),
             num_generated_tokens=sum(sched.samples),

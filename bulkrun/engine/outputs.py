@@ -38,6 +38,7 @@ class StepStats:
     num_preempted: int = 0
     kv_blocks_used: int = 0
     kv_blocks_total: int = 0
+    kv_blocks_touched: int = 0  # ever handed out: what the cache's (lazily mapped) memory holds
     prefix_cache_hit_tokens: int = 0  # prompt tokens newly admitted from the cache this step
     num_finished: int = 0
     num_generated_tokens: int = 0  # rows that sample a token this step

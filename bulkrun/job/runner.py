@@ -71,6 +71,7 @@ def _stream(session: JobSession, engine, writer: str, select, on_progress: Progr
     prefix = SINGLE if select is None else f"part-{writer}-{uuid.uuid4().hex[:8]}"
     committed = load_committed(out)
     stats = RunStats()
+    stats.describe_engine(engine)
     results, errors = ShardWriter(out / RESULTS_DIR, prefix), ShardWriter(out / ERRORS_DIR, prefix)
     builder = PromptBuilder(
         session.task, engine.tokenizer, chat_template=spec.chat_template, system=spec.system,

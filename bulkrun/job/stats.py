@@ -9,6 +9,8 @@ committed shards (rows, done, results_total, errors_total, remaining, complete).
 
 from __future__ import annotations
 
+import resource
+import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 
@@ -28,9 +30,20 @@ class RunStats:
     running_sum: int = 0  # sum over steps of running sequences (mean batch = running_sum / steps)
     kv_used_sum: float = 0.0  # sum over steps of the KV-cache fraction in use
     kv_peak: float = 0.0
+    kv_touched: float = 0.0  # the fraction of the KV cache ever handed out (its memory in use)
     preemptions: int = 0
+    kv_cache_bytes: int = 0  # the KV cache's budget (its peak use is kv_peak of it)
+    peak_rss_bytes: int = 0  # the process's peak resident memory, taken by finish()
+    dtype: str | None = None  # what the model computed in, and why
+    dtype_reason: str | None = None
     wall_s: float | None = None  # fixed by finish() or merge(); a live run measures from `started`
     started: float = field(default_factory=time.time)
+
+    def describe_engine(self, engine) -> None:
+        self.dtype = getattr(engine, "dtype", None)
+        self.dtype_reason = getattr(engine, "dtype_reason", None)
+        limits = getattr(engine, "limits", None)
+        self.kv_cache_bytes = getattr(limits, "kv_cache_bytes", None) or 0
 
     def on_step(self, stats: StepStats) -> None:
         self.steps += 1
@@ -41,6 +54,7 @@ class RunStats:
             used = stats.kv_blocks_used / stats.kv_blocks_total
             self.kv_used_sum += used
             self.kv_peak = max(self.kv_peak, used)
+            self.kv_touched = max(self.kv_touched, stats.kv_blocks_touched / stats.kv_blocks_total)
 
     def on_output(self, output: RequestOutput) -> None:
         self.requests += 1
@@ -50,6 +64,7 @@ class RunStats:
 
     def finish(self) -> RunStats:
         self.wall_s = time.time() - self.started
+        self.peak_rss_bytes = peak_rss_bytes()
         return self
 
     @property
@@ -63,10 +78,13 @@ class RunStats:
         longest slice's (slices of a job array run side by side)."""
         merged = cls(started=min((p.started for p in parts), default=time.time()))
         for f in fields(cls):
-            if f.name in ("kv_peak", "wall_s", "started"):
-                continue
-            setattr(merged, f.name, sum(getattr(p, f.name) for p in parts))
-        merged.kv_peak = max((p.kv_peak for p in parts), default=0.0)
+            values = [getattr(p, f.name) for p in parts]
+            if f.name in _HIGHEST:
+                setattr(merged, f.name, max(values, default=0))
+            elif f.name in _SHARED:  # every slice runs the same engine set-up
+                setattr(merged, f.name, next((v for v in values if v is not None), None))
+            elif f.name not in ("wall_s", "started"):
+                setattr(merged, f.name, sum(values))
         merged.wall_s = wall_s if wall_s is not None else max((p.elapsed_s for p in parts), default=0.0)
         return merged
 
@@ -98,7 +116,23 @@ class RunStats:
             "kv_cache_use_peak": round(self.kv_peak, 4),
             "prefix_cache_hit_rate": round(self.cached_prompt_tokens / max(self.prompt_tokens, 1), 4),
             "preemptions": self.preemptions,
+            "kv_cache_mb": round(self.kv_cache_bytes / 2**20, 1),
+            "kv_cache_peak_mb": round(self.kv_peak * self.kv_cache_bytes / 2**20, 1),
+            "kv_cache_touched_mb": round(self.kv_touched * self.kv_cache_bytes / 2**20, 1),
+            "peak_rss_mb": round(self.peak_rss_bytes / 2**20, 1),
+            "dtype": self.dtype,
+            "dtype_reason": self.dtype_reason,
         }
+
+
+_HIGHEST = ("kv_peak", "kv_touched", "kv_cache_bytes", "peak_rss_bytes")  # merged: the highest slice's
+_SHARED = ("dtype", "dtype_reason")
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far (ru_maxrss: KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def summary_lines(report: dict) -> list[str]:
@@ -125,6 +159,7 @@ def summary_lines(report: dict) -> list[str]:
         lines.append(
             f"  engine: mean batch {report['mean_running_batch']}, KV use {report['kv_cache_use_mean']:.0%} "
             f"(peak {report['kv_cache_use_peak']:.0%}), prefix-cache hits {report['prefix_cache_hit_rate']:.0%}"
+            f", peak RSS {report.get('peak_rss_mb', 0):.0f} MB, {report.get('dtype') or 'dtype n/a'}"
         )
     metrics = report.get("metrics") or {}
     if isinstance(metrics.get("accuracy"), int | float):

@@ -96,6 +96,10 @@ class LlamaForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens
         self.register_buffer("cos_sin_cache", torch.empty(0), persistent=False)
+        # the dtype the residual stream (the running sum of the layers' outputs) is carried in, when
+        # wider than the layers': a CPU bf16 model keeps it in fp32, as its native norms take mixed
+        # dtypes, so each layer's output is rounded once instead of the sum at every layer
+        self.residual_dtype: torch.dtype | None = None
 
     def init_rotary(self, max_positions: int) -> None:
         """cos_sin_cache[p] = [cos(p * f) | sin(p * f)], computed in fp32 as transformers does. On the
@@ -123,13 +127,19 @@ class LlamaForCausalLM(nn.Module):
         """Run the packed step; return the LM head's input (the final normed hidden state) for the
         logits_indices rows only, [len(logits_indices), hidden]."""
         # the embedding may be kept wider than the layers (a CPU bf16 model's is fp32, tied to the head)
-        x, residual = F.embedding(input_ids, self.embed_tokens).to(self.norm.dtype), None
+        embedded = F.embedding(input_ids, self.embed_tokens)
+        if self.residual_dtype is None:
+            x, residual = embedded.to(self.norm.dtype), None
+        else:  # the stream starts as the embedding itself; the first norm adds a zero layer output
+            x = torch.zeros(embedded.shape, dtype=self.norm.dtype, device=embedded.device)
+            residual = embedded.to(self.residual_dtype)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x, residual = layer(self.ops, x, residual, md, self.cos_sin_cache, k_cache, v_cache)
         if logits_indices.numel() == 0:
             return x[:0]
         x, residual = x.index_select(0, logits_indices), residual.index_select(0, logits_indices)
-        return self.ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps, residual)[0]
+        # the head's input in the residual stream's dtype: the last norm's output is not rounded to bf16
+        return self.ops.rms_norm(x.to(residual.dtype), self.norm, self.cfg.rms_norm_eps, residual)[0]
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """fp32 logits [N, vocab] of final hidden rows h [N, hidden] (in the head's own dtype: a CPU

@@ -54,6 +54,8 @@ def load_model(model_dir: str | Path, ops, dtype: torch.dtype, device: torch.dev
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens
     model.init_rotary(cfg.max_model_len)
+    if ops.backend == "cpu" and dtype != torch.float32:  # native mixed-dtype norms
+        model.residual_dtype = torch.float32
     return model.eval()
 
 

@@ -150,7 +150,7 @@ def expected(model_dir, prompts) -> dict[str, list[list[int]]]:
 
 def _generate(model_dir: str, prompts: list[list[int]], **config) -> tuple[list[list[int]], dict]:
     """Outputs in prompt order, and the run's figures summed over its steps."""
-    engine = Engine.from_model(model_dir, EngineConfig(**config))
+    engine = Engine.from_model(model_dir, EngineConfig(**{"dtype": "float32", **config}))
     requests = [
         EngineRequest(f"p{i}", ids, SamplingParams(max_tokens=MAX_NEW_TOKENS))
         for i, ids in enumerate(prompts)

@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 # Small engine settings so a test allocates megabytes, not a free-memory-sized KV cache.
-ENGINE_FLAGS = ["--kv-cache-mem", "16MiB", "--max-seqs", "16", "--max-batch-tokens", "512"]
+# float32: outputs are compared token for token with transformers' fp32
+ENGINE_FLAGS = ["--dtype", "float32", "--kv-cache-mem", "16MiB", "--max-seqs", "16", "--max-batch-tokens", "512"]
 
 SPECIALS = ["<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
 CHAT_TEMPLATE = (

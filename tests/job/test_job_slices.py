@@ -77,3 +77,20 @@ def test_run_stats_merge_is_explicit_per_field():
     assert summary["prefix_cache_hit_rate"] == round(50 / 200, 4)
     assert summary["items_per_s"] == round(41 / 9.0, 3)
     assert RunStats.merge([a, b], wall_s=20.0).summary()["wall_time_s"] == 20.0
+
+
+def test_run_stats_report_memory_beside_kv_use_and_the_dtype():
+    a = RunStats(kv_peak=0.25, kv_touched=0.5, kv_cache_bytes=1 << 30, peak_rss_bytes=3 << 29,
+                 dtype="bfloat16", dtype_reason="why")  # fmt: skip
+    b = RunStats(kv_peak=0.125, kv_touched=0.25, kv_cache_bytes=1 << 30, peak_rss_bytes=1 << 30)
+    summary = RunStats.merge([b, a]).summary()  # memory: the highest slice's; the dtype: the one set
+    assert (summary["kv_cache_mb"], summary["kv_cache_peak_mb"], summary["kv_cache_touched_mb"]) == (
+        1024,
+        256,
+        512,
+    )
+    assert summary["peak_rss_mb"] == 1536 and (summary["dtype"], summary["dtype_reason"]) == (
+        "bfloat16",
+        "why",
+    )
+    assert RunStats().finish().peak_rss_bytes > 0  # this process's own peak

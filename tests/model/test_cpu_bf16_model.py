@@ -10,6 +10,7 @@ import pytest
 import torch
 from helpers.models import VOCAB, build_tiny_model
 
+from bulkrun.engine import runner as runner_module
 from bulkrun.engine.config import EngineConfig
 from bulkrun.engine.params import SamplingParams
 from bulkrun.engine.request import Request
@@ -53,6 +54,7 @@ def test_bf16_model_runs_natively_with_fp32_head_and_cache_in_bf16(runners):
     assert model.layers[0].attn.qkv.dtype == torch.bfloat16 and model.norm.dtype == torch.bfloat16
     assert model.lm_head.dtype == torch.float32 and model.embed_tokens.dtype == torch.float32
     assert model.cos_sin_cache.dtype == torch.float32
+    assert model.residual_dtype == torch.float32  # the residual stream is summed and kept in fp32
     assert bf16.greedy_head is not None
 
 
@@ -89,3 +91,20 @@ def test_with_native_bf16_the_default_is_bf16(monkeypatch):
         pytest.skip("oneDNN has no bf16 on this CPU")
     monkeypatch.setattr(cpu_dtype, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
     assert cpu_dtype.default_cpu_dtype() == torch.bfloat16
+
+
+def test_the_runner_says_which_dtype_it_chose_and_why(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(runner_module, "default_cpu_dtype", lambda: torch.bfloat16)
+    assert runner_module.resolve_device_dtype(EngineConfig(device="cpu"), "cpu")[1:] == (
+        torch.bfloat16,
+        "the CPU default: native bf16 dot products and the native kernels",
+    )
+    device, dtype, why = runner_module.resolve_device_dtype(EngineConfig(device="cpu"), "reference")
+    assert (device, dtype) == (cpu, torch.float32) and "reference" in why  # bf16 would be emulated
+    asked = EngineConfig(device="cpu", dtype="float32")
+    assert runner_module.resolve_device_dtype(asked, "cpu")[1:] == (torch.float32, "asked for")
+    monkeypatch.setattr(runner_module, "default_cpu_dtype", lambda: torch.float32)
+    assert "no native bf16" in runner_module.resolve_device_dtype(EngineConfig(device="cpu"), "cpu")[2]
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        runner_module.resolve_device_dtype(EngineConfig(device="cpu", dtype="fp8"), "cpu")

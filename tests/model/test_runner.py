@@ -20,7 +20,7 @@ BLOCK = 4
 def setup(tmp_path_factory):
     folder = tmp_path_factory.mktemp("llama_untied")
     hf = build_tiny_model("llama_untied", folder)
-    runner = ModelRunner(str(folder), EngineConfig(block_size=BLOCK, kv_cache_bytes=1 << 20))
+    runner = ModelRunner(str(folder), EngineConfig(block_size=BLOCK, kv_cache_bytes=1 << 20, dtype="float32"))
     return hf, runner
 
 

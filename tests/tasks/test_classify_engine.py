@@ -48,7 +48,7 @@ def score_requests(task, tokenizer, texts, prefix="i"):
 
 
 def engine_for(model_dir, **config):
-    return Engine.from_model(str(model_dir), EngineConfig(kv_cache_bytes=32 << 20, **config))
+    return Engine.from_model(str(model_dir), EngineConfig(kv_cache_bytes=32 << 20, dtype="float32", **config))
 
 
 @pytest.fixture(scope="module")
