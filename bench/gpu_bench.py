@@ -134,9 +134,7 @@ def run_engine(model_dir: Path, prompts: list[list[int]], args) -> Result:
         **{k: v for k, v in limits.items() if v is not None},  # unset: the engine sizes for the device
     )
     engine = Engine.from_model(str(model_dir), config)
-    print(f"engine limits: max_num_seqs={engine.config.max_num_seqs}, "
-          f"max_num_batched_tokens={engine.config.max_num_batched_tokens}, kv blocks={engine.runner.num_blocks}",
-          flush=True)  # fmt: skip
+    print(f"engine limits: {engine.limits.as_dict()}", flush=True)
 
     def requests(batch, max_tokens, tag):
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
@@ -145,13 +143,13 @@ def run_engine(model_dir: Path, prompts: list[list[int]], args) -> Result:
     # Warm-up: prompt chunks and decode rows both (compiles every kernel variant once).
     engine.generate(requests(prompts[: min(len(prompts), 16)], 4, "warm"))
     synchronize(args.device)
-    before = dict(getattr(engine, "totals", {}))
+    totals = StepTotals()
     t0 = time.perf_counter()
-    outputs = engine.generate(requests(prompts, args.output_len, "r"))
+    by_id = {o.request_id: o for o in engine.stream(requests(prompts, args.output_len, "r"), on_step=totals.add)}
     synchronize(args.device)
     elapsed = time.perf_counter() - t0
-    if hasattr(engine, "totals"):  # issue 13 drops the running totals: step stats come per step
-        print_engine_totals(before, engine.totals)
+    outputs = [by_id[f"r{i}"] for i in range(len(prompts))]
+    totals.print(elapsed)
     for out in outputs:
         if out.finish_reason != "length" or len(out.output_token_ids) != args.output_len:
             fail(
@@ -169,14 +167,24 @@ def run_engine(model_dir: Path, prompts: list[list[int]], args) -> Result:
     return result, profile
 
 
-def print_engine_totals(before: dict, after: dict) -> None:
-    d = {k: after[k] - before.get(k, 0) for k in ("steps", "scheduled_tokens", "step_seconds", "runner_seconds",
-                                                  "preemptions", "decode_tokens", "prefill_tokens")}  # fmt: skip
-    steps = max(1, d["steps"])
-    print(f"engine: {d['steps']} steps, {d['scheduled_tokens'] / steps:.0f} tokens/step "
-          f"({d['prefill_tokens']} prefill, {d['decode_tokens']} decode), {d['preemptions']} preemptions, "
-          f"runner {d['runner_seconds'] / max(d['step_seconds'], 1e-9):.0%} of step time, "
-          f"{1000 * d['step_seconds'] / steps:.1f} ms/step", flush=True)  # fmt: skip
+class StepTotals:
+    """Sums of the engine's per-step figures (StepStats, from Engine.stream's on_step)."""
+
+    def __init__(self):
+        self.steps = self.scheduled = self.prefill = self.decode = self.preempted = 0
+
+    def add(self, stats) -> None:
+        self.steps += 1
+        self.scheduled += stats.num_scheduled_tokens
+        self.prefill += stats.num_prefill_tokens
+        self.decode += stats.num_decode_tokens
+        self.preempted += stats.num_preempted
+
+    def print(self, seconds: float) -> None:
+        steps = max(1, self.steps)
+        print(f"engine: {self.steps} steps, {self.scheduled / steps:.0f} tokens/step ({self.prefill} prefill, "
+              f"{self.decode} decode), {self.preempted} preemptions, {1000 * seconds / steps:.1f} ms/step",
+              flush=True)  # fmt: skip
 
 
 def profile_decode_steps(engine, prompts: list[list[int]], args, steps: int = 8) -> dict:
@@ -188,7 +196,7 @@ def profile_decode_steps(engine, prompts: list[list[int]], args, steps: int = 8)
     from bulkrun.engine.params import EngineRequest, SamplingParams
 
     params = SamplingParams(max_tokens=10_000, ignore_eos=True)
-    for i, p in enumerate(prompts[: engine.config.max_num_seqs or len(prompts)]):
+    for i, p in enumerate(prompts[: engine.limits.max_num_seqs]):
         engine.add_request(EngineRequest(f"prof{i}", p, params))
     while engine.last_stats.num_prefill_tokens or engine.last_stats.num_scheduled_tokens == 0:
         engine.step()  # until every prompt is in and steps are decode-only

@@ -181,10 +181,9 @@ def check_memory(args, model_dir: Path, vocab: int) -> tuple[dict, bool]:
     engine = Engine.from_model(str(model_dir), config)
     runner = engine.runner
     figures = {
-        "limits": {name: getattr(engine.config, name, "not available")
-                   for name in ("max_num_seqs", "max_num_batched_tokens", "block_size")},
+        "limits": engine.limits.as_dict(),  # what the engine chose for this device, and the KV cache it sized
+        "block_size": engine.config.block_size,
         "max_model_len": engine.max_model_len,
-        "engine_report": _engine_report(engine),
         "kv_blocks": getattr(runner, "num_blocks", "not available"),
         "kv_cache_gib": _gib(runner.kv_cache.data.nbytes) if hasattr(runner, "kv_cache") else "not available",
         "free_gib_before": _gib(free_before),
@@ -192,7 +191,7 @@ def check_memory(args, model_dir: Path, vocab: int) -> tuple[dict, bool]:
         "free_gib_after_sizing": _gib(torch.cuda.mem_get_info()[0]) if cuda else None,
     }  # fmt: skip
     print(json.dumps(figures, indent=2), flush=True)
-    budget = _resolved_budget(engine)
+    budget = engine.limits.max_num_batched_tokens
     prompt_len = max(2, min(budget // 4, engine.max_model_len - 8))
     prompts = make_prompts(4, prompt_len, prompt_len, vocab, seed=2)
     score_prompt = make_prompts(1, min(1000, prompt_len), min(1000, prompt_len), vocab, seed=3)[0]
@@ -222,23 +221,6 @@ def check_memory(args, model_dir: Path, vocab: int) -> tuple[dict, bool]:
         figures["full_budget_step"] = {"budget_tokens": budget, "error": f"out of memory: {exc}"[:400]}
     print(json.dumps(figures["full_budget_step"], indent=2), flush=True)
     return figures, ok
-
-
-def _engine_report(engine):
-    """What the engine says it chose for this device (after issue 13), where it says so."""
-    for name in ("defaults_report", "describe", "report"):
-        value = getattr(engine, name, None)
-        if value is not None:
-            return value() if callable(value) else value
-    return "not available"
-
-
-def _resolved_budget(engine) -> int:
-    for owner in (engine.config, getattr(engine, "scheduler", None)):
-        value = getattr(owner, "max_num_batched_tokens", None)
-        if isinstance(value, int):
-            return value
-    return 16384
 
 
 def _gib(n):

@@ -6,8 +6,12 @@ smallest captured size >= n: its inputs are copied into static buffers, the rows
 padding (token 0 at position 0, writing into a block the scheduler never hands out, attending to
 that one slot), and the first n rows of the static output are the step's hidden states.
 
-Mixed and prefill steps, steps larger than the largest graph and every step after a failed
-capture run eagerly. Without capture (the CPU, tests) the same padded static-buffer path runs
+Mixed and prefill steps, steps larger than the largest graph, steps whose longest context is
+past the graphs' block-table width and every step after a failed capture run eagerly. That width
+is the split-KV kernel's long-partition length, the context below which it splits a decode step by
+occupancy alone: so a graph's split (fixed at capture from its shapes) is the one an eager step of
+the same batch would choose, and long contexts, which the eager step splits by their real length,
+are not cut for a length they do not have. Without capture (the CPU, tests) the same padded static-buffer path runs
 eagerly, so it is checked against the unpadded one everywhere.
 """
 
@@ -34,6 +38,13 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     return sizes
 
 
+def graph_context_tokens() -> int:
+    """Contexts a captured step covers: the Triton kernel's long-partition length."""
+    from bulkrun_kernels.paged_attention import LONG_PARTITION_KEYS  # imports triton: CUDA only
+
+    return LONG_PARTITION_KEYS
+
+
 class DecodeGraphs:
     def __init__(self, runner, sizes: list[int]):
         self.runner = runner
@@ -42,7 +53,8 @@ class DecodeGraphs:
         self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
         self.positions = torch.zeros(n, dtype=torch.long, device=device)
         self.slot_mapping = torch.zeros(n, dtype=torch.long, device=device)
-        self.block_tables = torch.zeros(n, runner.max_blocks_per_seq, dtype=torch.int32, device=device)
+        self.width = min(runner.max_blocks_per_seq, max(1, graph_context_tokens() // runner.block_size))
+        self.block_tables = torch.zeros(n, self.width, dtype=torch.int32, device=device)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.logits_indices = torch.arange(n, dtype=torch.long, device=device)
@@ -79,13 +91,13 @@ class DecodeGraphs:
         """Hidden states of a decode-only step's rows, or None when no size fits it."""
         n = inputs.num_rows
         size = self.padded_size(n)
-        if size is None:
-            return None
         md = inputs.metadata
+        width = md.block_tables.shape[1]
+        if size is None or width > self.width:
+            return None
         self.input_ids[:n].copy_(inputs.input_ids, non_blocking=True)
         self.positions[:n].copy_(md.positions, non_blocking=True)
         self.slot_mapping[:n].copy_(md.slot_mapping, non_blocking=True)
-        width = md.block_tables.shape[1]
         self.block_tables[:n, :width].copy_(md.block_tables, non_blocking=True)
         self.seq_lens[:n].copy_(md.seq_lens, non_blocking=True)
         self._pad(n, size)

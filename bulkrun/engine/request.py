@@ -5,6 +5,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from bulkrun.engine.params import EngineRequest, SamplingParams
 
@@ -33,13 +34,12 @@ class Request:
     arrival: int  # admission order; preemption picks the newest running request
     kind: RequestKind = RequestKind.GENERATE
     status: RequestStatus = RequestStatus.WAITING
-    # tokens whose KV is in the cache or is being computed by a scheduled step (advanced when the
-    # step is scheduled, so the next step can be scheduled before this one's results land)
-    num_computed_tokens: int = 0
-    # tokens to be sampled by scheduled steps whose results have not landed (at most 2: the step
-    # in flight and the one scheduled ahead of it); the input at such a position comes from the
-    # runner, which has the previous step's tokens
-    num_pending_tokens: int = 0
+    # num_computed_tokens and num_pending_tokens (properties below) while not running
+    _computed: int = 0
+    _pending: int = 0
+    # while running: its row in the scheduler's RunningBatch, which then holds those two counters
+    slot: int = -1
+    batch: Any = None
     block_table: list[int] = field(default_factory=list)  # physical block ids, append-only
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of full blocks, lazily
     num_hashed_blocks: int = 0  # leading blocks of block_table already offered to the prefix cache
@@ -64,7 +64,33 @@ class Request:
     # stops (prompt + max_tokens, capped by the context); set by the scheduler at arrival.
     stop_token_set: frozenset[int] = frozenset()
     length_limit: int = 0
-    scheduled_in_step: int = -1  # the last step that scheduled it (preemption spares those)
+
+    @property
+    def num_computed_tokens(self) -> int:
+        """Tokens whose KV is in the cache or is being computed by a scheduled step (advanced when
+        the step is scheduled, so the next step can be scheduled before this one's results land)."""
+        return self._computed if self.batch is None else int(self.batch.computed[self.slot])
+
+    @num_computed_tokens.setter
+    def num_computed_tokens(self, value: int) -> None:
+        if self.batch is None:
+            self._computed = value
+        else:
+            self.batch.computed[self.slot] = value
+
+    @property
+    def num_pending_tokens(self) -> int:
+        """Tokens to be sampled by scheduled steps whose results have not landed (at most 2: the
+        step in flight and the one scheduled ahead of it); the input at such a position comes
+        from the runner, which has the previous step's tokens."""
+        return self._pending if self.batch is None else int(self.batch.pending[self.slot])
+
+    @num_pending_tokens.setter
+    def num_pending_tokens(self, value: int) -> None:
+        if self.batch is None:
+            self._pending = value
+        else:
+            self.batch.pending[self.slot] = value
 
     @property
     def num_tokens(self) -> int:

@@ -248,6 +248,7 @@ class StepHandle:
         if self._tokens is not None:
             if self._event is not None:
                 self._event.synchronize()
-            self._result.sampled = dict(zip(self._ids, self._tokens.tolist()))
+            tokens = self._result.sampled_tokens = self._tokens.tolist()
+            self._result.sampled = dict(zip(self._ids, tokens))
             self._tokens = None
         return self._result

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 class RunnerOutput:
     # request_id -> the new token, for every ScheduledRequest with sample=True
     sampled: dict[str, int] = field(default_factory=dict)
+    # the same tokens in the order of the step's sample rows, where the runner has them so
+    sampled_tokens: list[int] | None = None
     # request_id -> log-probability of that token (only for requests with params.logprobs)
     sampled_logprobs: dict[str, float] = field(default_factory=dict)
     # request_id -> log-probabilities of token_ids[p + 1] for each computed position p of this chunk

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from operator import attrgetter
+
+import numpy as np
 
 from bulkrun.engine import scoring
 from bulkrun.engine.block_pool import BlockPool
@@ -17,6 +20,7 @@ from bulkrun.engine.kv_cache_manager import KVCacheManager
 from bulkrun.engine.params import EngineRequest
 from bulkrun.engine.request import Request, RequestKind, RequestStatus, validate_engine_request
 from bulkrun.engine.runner_output import RunnerOutput
+from bulkrun.engine.running_batch import RunningBatch
 from bulkrun.engine.scoring import ScoringEvent
 
 
@@ -46,6 +50,7 @@ class SchedulerOutput:
     __slots__ = (
         "requests", "starts", "num_tokens", "samples", "preempted", "failed", "released_request_ids",
         "num_scheduled_tokens", "num_decode_tokens", "num_prefix_hit_tokens", "step_index",
+        "slots", "epochs", "batch",
     )  # fmt: skip
 
     def __init__(self, scheduled: Iterable[ScheduledRequest] = (), **fields):
@@ -62,6 +67,10 @@ class SchedulerOutput:
         self.num_decode_tokens = 0  # rows computing one token past the prompt
         self.num_prefix_hit_tokens = 0  # tokens newly served from the prefix cache at admission
         self.step_index = fields.pop("step_index", 0)
+        # set by the Scheduler: each row's slot in its RunningBatch, and the slot's epoch then
+        self.slots: list[int] | None = None
+        self.epochs: np.ndarray | None = None
+        self.batch: RunningBatch | None = None
         if fields:
             raise TypeError(f"unknown SchedulerOutput fields: {sorted(fields)}")
         self.num_scheduled_tokens = 0
@@ -121,12 +130,15 @@ class Scheduler:
         self.pool = pool
         self.kv = KVCacheManager(pool)
         self.block_size = pool.block_size
+        self.batch = RunningBatch(pool.block_size, pool.enable_prefix_caching, max_rows=max_num_seqs)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         # A sequence can never hold more tokens than the context or the whole cache allow.
         self.max_seq_len = min(max_model_len, pool.num_blocks * pool.block_size)
         self.eos_token_ids = frozenset(eos_token_ids)
+        self._stop_ids: set[int] = set(self.eos_token_ids)  # every running request's stop ids, and more
+        self._stop_id_array = np.array(sorted(self._stop_ids), np.int64)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the last is the first to be preempted
         self._failed: list[tuple[Request, str]] = []  # found at add time, reported next step
@@ -154,6 +166,9 @@ class Scheduler:
             frozenset() if params.ignore_eos else self.eos_token_ids
         )
         request.length_limit = min(len(prompt) + params.max_tokens, self.max_seq_len)
+        if not request.stop_token_set <= self._stop_ids:
+            self._stop_ids |= request.stop_token_set
+            self._stop_id_array = np.array(sorted(self._stop_ids), np.int64)
         if req.continuations is not None:
             scoring.start_scoring(request, req.continuations, self._unique_id)
         problem = self._never_fits(request, req.continuations)
@@ -212,52 +227,13 @@ class Scheduler:
         self._steps += 1
         step = self._steps
         out = SchedulerOutput(failed=self._failed, released_request_ids=self._released_ids, step_index=step)
+        out.slots, out.batch = [], self.batch
         self._failed, self._released_ids = [], []
         for req, why in out.failed:
             self._finish(req, "error", error=why)
         budget = self.max_num_batched_tokens
-        chunks: list[Request] = []  # running requests with more than one token to compute
-        running = self.running
-        bs = self.block_size
-        # The steady-decode path: a few attribute reads and list appends per sequence; a block is
-        # allocated once every block_size steps.
-        rows, starts, sizes, samples = out.requests, out.starts, out.num_tokens, out.samples
-        decodes = 0
-        i = 0
-        while i < len(running) and budget > 0:  # decodes first, oldest first
-            req = running[i]
-            i += 1
-            computed = req.num_computed_tokens
-            limit = req.compute_limit
-            if limit is None:  # generating
-                known = len(req.token_ids) + req.num_pending_tokens
-                if known >= req.length_limit:
-                    continue  # its last token is in flight: it finishes when that lands
-                remaining = known - computed
-            else:
-                remaining = limit - computed
-            if remaining != 1:
-                if remaining > 1:
-                    chunks.append(req)
-                continue  # 0: its last chunk is in flight
-            if computed >= len(req.block_table) * bs and not self._grow_or_preempt(req, 1, out):
-                running.pop()  # it is the newest and nothing is left to take from: it yields itself
-                self._preempt(req, out)
-                break
-            rows.append(req)
-            starts.append(computed)
-            sizes.append(1)
-            req.num_computed_tokens = computed + 1
-            req.scheduled_in_step = step
-            if limit is None:
-                samples.append(True)
-                req.num_pending_tokens += 1
-                decodes += computed >= req.num_prompt_tokens
-            else:
-                samples.append(False)
-            budget -= 1
-        out.num_scheduled_tokens += len(rows)
-        out.num_decode_tokens += decodes
+        chunks = self._schedule_decodes(out) if self.running else []
+        budget -= len(out.requests)
         for req in chunks:  # then prompt chunks of requests already running
             if budget <= 0:
                 break
@@ -271,16 +247,63 @@ class Scheduler:
             budget -= self._schedule(req, n, out)
         if not out.preempted:
             self._admit(budget, out)
+        out.epochs = self.batch.epoch[out.slots]
         return out
+
+    def _schedule_decodes(self, out: SchedulerOutput) -> list[Request]:
+        """Schedule every running request that computes exactly one token (decodes first, oldest
+        first, within the budget) as vector operations over the RunningBatch; Python runs only for
+        the rows that need a new block (one step in block_size). Returns the running requests with
+        more than one token to compute, in order."""
+        batch, running, bs = self.batch, self.running, self.block_size
+        rs = np.fromiter(map(_slot, running), np.int64, len(running))
+        computed = batch.computed[rs]
+        generating = batch.compute_limit[rs] < 0
+        known = batch.num_tokens[rs] + batch.pending[rs]
+        remaining = np.where(generating, known, batch.compute_limit[rs]) - computed
+        # a generating request whose last token is in flight finishes when that lands
+        open_ = ~generating | (known < batch.length_limit[rs])
+        pos = np.flatnonzero((remaining == 1) & open_)
+        visited = len(running)
+        budget = self.max_num_batched_tokens
+        if len(pos) >= budget:
+            pos = pos[:budget]
+            visited = int(pos[-1]) + 1
+        chunks = [running[i] for i in np.flatnonzero((remaining[:visited] > 1) & open_[:visited]).tolist()]
+        for p in pos[computed[pos] >= batch.num_blocks[rs[pos]] * bs].tolist():
+            if p >= len(running):
+                break  # preempted to make room for an older row
+            req = running[p]
+            if not self._grow_or_preempt(req, 1, out):
+                running.pop()  # it is the newest and nothing is left to take from: it yields itself
+                self._preempt(req, out)
+                break
+            batch.refresh(req)
+        pos = pos[pos < len(running)]
+        slots = rs[pos]
+        batch.computed[slots] += 1
+        batch.scheduled_in_step[slots] = out.step_index
+        samples = generating[pos]
+        batch.pending[slots[samples]] += 1
+        out.requests.extend(map(running.__getitem__, pos.tolist()))
+        out.starts.extend(computed[pos].tolist())
+        out.num_tokens.extend([1] * len(pos))
+        out.samples.extend(samples.tolist())
+        out.slots.extend(slots.tolist())
+        out.num_scheduled_tokens += len(pos)
+        out.num_decode_tokens += int(np.count_nonzero(samples & (computed[pos] >= batch.num_prompt[slots])))
+        return chunks
 
     def _schedule(self, req: Request, n: int, out: SchedulerOutput) -> int:
         start = req.num_computed_tokens
         sample = req.generates and start + n == req.num_target_tokens
         out.add(req, start, n, sample)
+        out.slots.append(req.slot)
         req.num_computed_tokens = start + n
-        req.scheduled_in_step = out.step_index
+        self.batch.scheduled_in_step[req.slot] = out.step_index
         if sample:
             req.num_pending_tokens += 1
+        self.batch.refresh(req)  # blocks it was just given
         return n
 
     def _grow_or_preempt(self, req: Request, n: int, out: SchedulerOutput) -> bool:
@@ -288,7 +311,7 @@ class Scheduler:
         scheduled this step."""
         while self.kv.allocate_slots(req, n) is None:
             victim = self.running[-1]
-            if victim is req or victim.scheduled_in_step == out.step_index:
+            if victim is req or self.batch.scheduled_in_step[victim.slot] == out.step_index:
                 return self._reclaim_from_waiting() and self.kv.allocate_slots(req, n) is not None
             self.running.pop()
             self._preempt(victim, out)
@@ -300,6 +323,7 @@ class Scheduler:
         req.num_preemptions += 1
         req.num_pending_tokens = 0  # a token in flight is dropped and sampled again on recompute
         scoring.forget_results(req)
+        self.batch.remove(req)
         self.waiting.appendleft(req)
         self.num_preemptions += 1
         out.preempted.append(req)
@@ -338,6 +362,7 @@ class Scheduler:
                 self.num_prefix_hit_tokens += hit_tokens
             req.status = RequestStatus.RUNNING
             self.running.append(req)
+            self.batch.add(req)
             budget -= self._schedule(req, n, out)
 
     def _fork(self, parent: Request) -> None:
@@ -348,6 +373,7 @@ class Scheduler:
         for child in parent.children:
             self.kv.share_prefix(parent, child, full)
         self.kv.free(parent)
+        self.batch.remove(parent)
         parent.status = RequestStatus.FORKED
         parent.num_live_children = len(parent.children)
         self.waiting.extendleft(reversed(parent.children))
@@ -360,44 +386,59 @@ class Scheduler:
         finished = [req for req, _ in out.failed]
         finished += self._finished_early
         self._finished_early = []
-        left_running = False
-        running = RequestStatus.RUNNING
-        caching = self.pool.enable_prefix_caching
-        bs = self.block_size
-        sampled = result.sampled
-        for req, start, n, sample in zip(out.requests, out.starts, out.num_tokens, out.samples):
-            if req.status is not running:
-                continue  # preempted or finished since it was scheduled: its results are void
-            end = start + n
-            if sample:
-                token = sampled[req.request_id]
-                ids = req.token_ids
-                ids.append(token)
-                req.num_pending_tokens -= 1
-                if caching and end >= (req.num_hashed_blocks + 1) * bs:
-                    self.kv.cache_full_blocks(req, end)
-                if token in req.stop_token_set:
-                    reason = "stop"
-                elif len(ids) >= req.length_limit:
-                    reason = "length"
-                else:
-                    if req.params.logprobs:
-                        req.output_logprobs.append(result.sampled_logprobs[req.request_id])
-                    continue
-                if req.params.logprobs:
-                    req.output_logprobs.append(result.sampled_logprobs[req.request_id])
+        if not out.requests:
+            return finished
+        batch, requests = self.batch, out.requests
+        slots = np.asarray(out.slots, dtype=np.int64)
+        # a row whose request was preempted or finished since the step was scheduled is void
+        valid = batch.epoch[slots] == out.epochs
+        sampled = np.asarray(out.samples, dtype=bool)
+        scored = valid & ~sampled & (batch.compute_limit[slots] >= 0)
+        rows = np.flatnonzero(sampled)  # the runner's sample rows, in order
+        tokens = _sampled_tokens(result, requests, rows)
+        keep = valid[rows]
+        rows, tokens = rows[keep], tokens[keep]
+        events = self._append_tokens(out, rows, tokens, result)
+        ends = np.asarray(out.starts, dtype=np.int64) + np.asarray(out.num_tokens, dtype=np.int64)
+        for i in np.flatnonzero(valid & (ends >= batch.next_hash_end[slots])).tolist():
+            req = requests[i]  # a block of it is full: offer it to the prefix cache
+            self.kv.cache_full_blocks(req, int(ends[i]))
+            batch.refresh_hashed(req)
+        events += [(i, None) for i in np.flatnonzero(scored).tolist()]
+        events.sort(key=_first)
+        for i, reason in events:  # the rare events, in row order
+            req = requests[i]
+            if reason is None:
+                self._apply_scoring(req, int(ends[i]), result, finished)
+            else:
                 self._finish(req, reason)
                 finished.append(req)
-                left_running = True
-                continue
-            if caching and end >= (req.num_hashed_blocks + 1) * bs:
-                self.kv.cache_full_blocks(req, end)
-            if req.kind is not RequestKind.GENERATE:
-                self._apply_scoring(req, end, result, finished)
-                left_running = left_running or req.status is not running
-        if left_running:
+        if events:
+            running = RequestStatus.RUNNING
             self.running = [r for r in self.running if r.status is running]
         return finished
+
+    def _append_tokens(self, out: SchedulerOutput, rows: np.ndarray, tokens: np.ndarray, result: RunnerOutput):
+        """Append each valid sample row's token to its request; (row, "stop" | "length") for the
+        rows that it finishes."""
+        batch, requests = self.batch, out.requests
+        slots = np.asarray(out.slots, dtype=np.int64)[rows]
+        reqs = [requests[i] for i in rows.tolist()]
+        values = tokens.tolist()
+        for ids, token in zip(map(_token_ids, reqs), values):
+            ids.append(token)
+        batch.pending[slots] -= 1
+        batch.num_tokens[slots] += 1
+        batch.last_token[slots] = tokens
+        if result.sampled_logprobs:
+            for req in reqs:
+                if req.params.logprobs:
+                    req.output_logprobs.append(result.sampled_logprobs[req.request_id])
+        stop = np.isin(tokens, self._stop_id_array)
+        for j in np.flatnonzero(stop).tolist():
+            stop[j] = values[j] in reqs[j].stop_token_set
+        done = stop | (batch.num_tokens[slots] >= batch.length_limit[slots])
+        return [(int(rows[j]), "stop" if stop[j] else "length") for j in np.flatnonzero(done).tolist()]
 
     def _apply_scoring(self, req: Request, end: int, result: RunnerOutput, finished: list[Request]) -> None:
         event = scoring.apply_results(req, end, result)
@@ -440,6 +481,7 @@ class Scheduler:
 
     def _finish(self, req: Request, reason: str, error: str | None = None) -> None:
         self.kv.free(req)
+        self.batch.remove(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         req.error = error
@@ -448,3 +490,19 @@ class Scheduler:
         for child in req.children:
             self._live_ids.discard(child.request_id)
         self._released_ids.append(req.request_id)
+
+
+_slot = attrgetter("slot")
+_token_ids = attrgetter("token_ids")
+
+
+def _first(pair):
+    return pair[0]
+
+
+def _sampled_tokens(result: RunnerOutput, requests: list[Request], rows: np.ndarray) -> np.ndarray:
+    """The tokens of the step's sample rows (`rows` of `requests`), in row order."""
+    if result.sampled_tokens is not None:
+        return np.asarray(result.sampled_tokens, dtype=np.int64)
+    sampled = result.sampled
+    return np.array([sampled[requests[i].request_id] for i in rows.tolist()], dtype=np.int64)

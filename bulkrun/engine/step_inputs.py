@@ -95,21 +95,18 @@ class StepState:
         """Host (CPU) tensors of the step. `pending`: request id -> the row, among the previous
         step's sampled tokens, of the token at a position the scheduler has not appended yet
         (async scheduling): its input id is left 0 and listed in StepInputs.pending_inputs."""
-        self.release(sched.released_request_ids)
-        requests, starts, sizes = sched.requests, sched.starts, sched.num_tokens
-        row_of, filled = self.row_of, self.filled
-        rows: list[int] = []
+        if sched.batch is not None and sched.num_scheduled_tokens == len(sched.requests):
+            return self._build_decode(sched, pending)
+        batch = sched.batch
+        if batch is None:  # a step built by hand: block-table rows kept here
+            self.release(sched.released_request_ids)
+            rows = [self._row(r) for r in sched.requests]
+        else:
+            rows = sched.slots
         ids: list[int] = []
         scoring: list[int] = []  # indexes of scoring rows
         late: list[tuple[int, int]] = []  # (packed index, previous sample row)
-        for i, (r, start, n) in enumerate(zip(requests, starts, sizes)):
-            row = row_of.get(r)
-            if row is None:
-                row = self._assign(r)
-            table = r.block_table
-            if len(table) != filled[row]:
-                self._copy_table(row, table)
-            rows.append(row)
+        for i, (r, start, n) in enumerate(zip(sched.requests, sched.starts, sched.num_tokens)):
             tokens = r.token_ids
             if start + n <= len(tokens):
                 if n == 1:
@@ -122,12 +119,54 @@ class StepState:
                 ids.append(0)
             if r.score_start is not None or r.first_token_ids is not None:
                 scoring.append(i)
-        inputs = self._tensors(sched, rows, ids, scoring)
+        if batch is None:
+            inputs = self._tensors(sched, rows, ids, scoring)
+        else:
+            width = max(1, int(batch.num_blocks[rows].max())) if rows else 1
+            inputs = self._tensors(sched, rows, ids, scoring, batch.tables, width)
         inputs.pending_inputs = late
         return inputs
 
-    def _tensors(self, sched: SchedulerOutput, rows: list[int], ids: list[int], scoring: list[int]) -> StepInputs:
+    def _row(self, r: Request) -> int:
+        row = self.row_of.get(r)
+        if row is None:
+            row = self._assign(r)
+        if len(r.block_table) != self.filled[row]:
+            self._copy_table(row, r.block_table)
+        return row
+
+    def _build_decode(self, sched: SchedulerOutput, pending: dict[str, int]) -> StepInputs:
+        """A step in which every row computes one token, from the scheduler's RunningBatch: its
+        block tables and last tokens are there already, so no Python runs per row."""
+        batch = sched.batch
+        rows = np.asarray(sched.slots, dtype=np.int64)
+        starts = np.asarray(sched.starts, dtype=np.int64)
+        landed = batch.num_tokens[rows]
+        ids = batch.last_token[rows]  # the input at start == landed - 1, the usual case
+        late: list[tuple[int, int]] = []
+        other = np.flatnonzero(starts != landed - 1)
+        if len(other):
+            requests = sched.requests
+            in_flight = starts[other] >= landed[other]
+            # async scheduling: the token the previous step sampled has not landed; the runner
+            # fills it in from that step's tokens
+            rows_late = other[in_flight].tolist()
+            ids[rows_late] = 0
+            late = list(zip(rows_late, map(pending.__getitem__, (requests[i].request_id for i in rows_late))))
+            for i in other[~in_flight].tolist():
+                ids[i] = requests[i].token_ids[starts[i]]
+        scoring = np.flatnonzero(batch.compute_limit[rows] >= 0).tolist()
+        width = max(1, int(batch.num_blocks[rows].max()))
+        inputs = self._tensors(sched, rows, ids, scoring, batch.tables, width)
+        inputs.pending_inputs = late
+        return inputs
+
+    def _tensors(self, sched: SchedulerOutput, rows, ids, scoring: list[int], tables=None, width=0) -> StepInputs:
+        """rows: each sequence's row of `tables` (default: this state's)."""
         bs = self.block_size
+        if tables is None:
+            tables = self.tables
+            width = max(1, max(map(self.filled.__getitem__, rows), default=1))
         num_rows = len(rows)
         rows_np = np.array(rows, dtype=np.int64)
         start_np = np.array(sched.starts, dtype=np.int64)
@@ -141,8 +180,7 @@ class StepState:
             seq_index = np.repeat(np.arange(num_rows), size_np)
             positions = np.arange(total) - (ends - size_np - start_np)[seq_index]
             seq_rows = rows_np[seq_index]
-        slots = self.tables[seq_rows, positions // bs].astype(np.int64) * bs + positions % bs
-        width = max(1, max(map(self.filled.__getitem__, rows), default=1))
+        slots = tables[seq_rows, positions // bs].astype(np.int64) * bs + positions % bs
         query_start_loc = np.zeros(num_rows + 1, dtype=np.int32)
         query_start_loc[1:] = ends
         sample_mask = np.array(sched.samples, dtype=bool)
@@ -157,12 +195,12 @@ class StepState:
         metadata = AttentionMetadata(
             positions=torch.from_numpy(positions),
             slot_mapping=torch.from_numpy(slots),
-            block_tables=torch.from_numpy(self.tables[rows_np, :width]),
+            block_tables=torch.from_numpy(tables[rows_np, :width]),
             query_start_loc=torch.from_numpy(query_start_loc),
             seq_lens=torch.from_numpy((start_np + size_np).astype(np.int32)),
         )
         return StepInputs(
-            input_ids=torch.from_numpy(np.array(ids, dtype=np.int64)),
+            input_ids=torch.from_numpy(np.asarray(ids, dtype=np.int64)),
             metadata=metadata,
             logits_indices=torch.from_numpy(logits_indices.astype(np.int64)),
             sample_requests=list(compress(sched.requests, sched.samples)),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from helpers.models import VOCAB, build_tiny_model
 
+from bulkrun.engine import decode_graphs
 from bulkrun.engine.config import EngineConfig
 from bulkrun.engine.decode_graphs import DecodeGraphs, graph_batch_sizes
 from bulkrun.engine.engine import Engine
@@ -34,7 +35,13 @@ def _run(model_dir, padded: bool, kernels: str):
     if padded:
         graphs = DecodeGraphs(runner, [1, 2, 4, 8])  # not captured: the static buffers run eagerly
         run = graphs.run
-        graphs.run = lambda inputs: used.append(inputs.num_rows) or run(inputs)
+
+        def record(inputs):
+            h = run(inputs)
+            used.append((inputs.num_rows, inputs.metadata.block_tables.shape[1], h is not None))
+            return h
+
+        graphs.run = record
         runner.graphs = graphs
     engine = Engine(runner, config)
     requests = [
@@ -50,4 +57,15 @@ def test_padded_decode_steps_give_the_unpadded_tokens(model_dir, kernels):
     plain, _ = _run(model_dir, padded=False, kernels=kernels)
     padded, used = _run(model_dir, padded=True, kernels=kernels)
     assert padded == plain
-    assert set(used) & {3, 5, 6, 7}  # batches that really were padded (to 4 or 8)
+    assert {n for n, _, ran in used if ran} & {3, 5, 6, 7}  # batches that really were padded (to 4 or 8)
+
+
+def test_steps_with_contexts_past_the_graph_width_run_eagerly(model_dir, monkeypatch):
+    # graphs cover 6 blocks of 4 tokens: a decode step with a longer context must not be cut
+    # to that width (the kernel would plan for, and read, a wrong context bound)
+    monkeypatch.setattr(decode_graphs, "graph_context_tokens", lambda: 24)
+    plain, _ = _run(model_dir, padded=False, kernels="cpu")
+    padded, used = _run(model_dir, padded=True, kernels="cpu")
+    assert padded == plain
+    assert {ran for _, width, ran in used if width <= 6} == {True}
+    assert {ran for _, width, ran in used if width > 6} == {False}

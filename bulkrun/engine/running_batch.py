@@ -1,0 +1,88 @@
+"""Per-request state of the running requests in numpy arrays, one row ("slot") per request. No torch.
+
+The steady decode step touches every running request: advance its computed tokens, append the
+token it sampled, check its stop and length limits, find its next input and KV slot. Held here as
+arrays, that is a handful of vector operations per step instead of a Python loop over requests
+(vLLM v1's InputBatch). A request's Python object stays the owner of its token list and block
+list; the counters that change every step (computed and pending tokens) live in its slot while it
+runs (Request reads them from here), and the rest is a mirror refreshed at the rare events: a new
+block, admission, finish, preemption, a block offered to the prefix cache.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bulkrun.engine.request import Request
+
+_NEVER = np.iinfo(np.int64).max
+
+
+class RunningBatch:
+    def __init__(self, block_size: int, caching: bool, max_rows: int, max_blocks: int = 16):
+        """max_rows: the most requests that run at once (the scheduler's max_num_seqs)."""
+        self.block_size = block_size
+        self.caching = caching
+        n = max_rows
+        self.computed = np.zeros(n, np.int64)  # num_computed_tokens
+        self.pending = np.zeros(n, np.int64)  # num_pending_tokens
+        self.num_tokens = np.zeros(n, np.int64)  # len(token_ids): the tokens that have landed
+        self.last_token = np.zeros(n, np.int64)  # token_ids[-1]
+        self.num_prompt = np.zeros(n, np.int64)
+        self.compute_limit = np.full(n, -1, np.int64)  # -1: generates
+        self.length_limit = np.full(n, _NEVER, np.int64)
+        self.next_hash_end = np.full(n, _NEVER, np.int64)  # end of the next block to offer the cache
+        self.scheduled_in_step = np.full(n, -1, np.int64)
+        self.epoch = np.zeros(n, np.int64)  # bumped when a slot changes owner: stale results are void
+        self.num_blocks = np.zeros(n, np.int64)  # len(block_table) copied into `tables`
+        self.tables = np.zeros((n, max_blocks), np.int32)
+        self.free_slots = list(range(n - 1, -1, -1))
+
+    # ---- slots ----------------------------------------------------------------------------------
+
+    def add(self, req: Request) -> None:
+        """Give a request that starts running a slot, its counters moving into the arrays."""
+        slot = self.free_slots.pop()
+        computed, pending = req.num_computed_tokens, req.num_pending_tokens
+        req.slot, req.batch = slot, self
+        self.computed[slot], self.pending[slot] = computed, pending
+        self.num_prompt[slot] = req.num_prompt_tokens
+        self.compute_limit[slot] = -1 if req.compute_limit is None else req.compute_limit
+        self.length_limit[slot] = req.length_limit if req.generates else _NEVER
+        self.num_blocks[slot] = 0
+        self.refresh(req)
+
+    def remove(self, req: Request) -> None:
+        """The request stops running: its counters move back onto it, its slot is free."""
+        slot = req.slot
+        if slot < 0:
+            return
+        computed, pending = int(self.computed[slot]), int(self.pending[slot])
+        req.slot, req.batch = -1, None
+        req.num_computed_tokens, req.num_pending_tokens = computed, pending
+        self.epoch[slot] += 1
+        self.scheduled_in_step[slot] = -1
+        self.free_slots.append(slot)
+
+    def refresh(self, req: Request) -> None:
+        """Mirror what changed on the request outside the steady path (its tokens, new blocks,
+        blocks offered to the prefix cache)."""
+        slot = req.slot
+        ids, table = req.token_ids, req.block_table
+        self.num_tokens[slot] = len(ids)
+        self.last_token[slot] = ids[-1]
+        have = int(self.num_blocks[slot])
+        if len(table) < have:
+            have = 0
+        if len(table) > self.tables.shape[1]:
+            wider = np.zeros((self.tables.shape[0], max(len(table), 2 * self.tables.shape[1])), np.int32)
+            wider[:, : self.tables.shape[1]] = self.tables
+            self.tables = wider
+        if len(table) > have:
+            self.tables[slot, have : len(table)] = table[have:]
+        self.num_blocks[slot] = len(table)
+        self.refresh_hashed(req)
+
+    def refresh_hashed(self, req: Request) -> None:
+        if self.caching:
+            self.next_hash_end[req.slot] = (req.num_hashed_blocks + 1) * self.block_size
