@@ -2,10 +2,10 @@
 and each request's matcher state. No torch here (masks are numpy int32 rows; grammar_mask.py applies
 them to logits).
 
-The grammar engine is llguidance (chosen over xgrammar by bench/constraint_bench.py on this machine:
-compiles a schema in milliseconds once the tokenizer is prepared, against xgrammar's tens to
-hundreds; covers every schema feature of the benchmark; fills a batch of masks on its own threads
-with the GIL released; rolls back consumed tokens).
+The grammar engine is llguidance (measured against xgrammar by bench/constraint_bench.py; figures in
+the README): a schema compiles in milliseconds once the tokenizer is prepared, every schema feature of
+the benchmark compiles and is enforced exactly (it refuses what it cannot enforce instead of relaxing
+it), a batch of masks is filled on its own threads with the GIL released, and consumed tokens roll back.
 
 Flow: a ConstraintSpec is compiled once per (spec, tokenizer) by a GrammarCache, under a time limit;
 each request gets a fresh GrammarMatcher from it. Per step: fill the constrained rows' masks
