@@ -25,8 +25,9 @@ import torch
 
 from bulkrun.engine.config import EngineConfig
 from bulkrun.engine.engine import Engine
-from bulkrun.engine.params import EngineRequest, SamplingParams
+from bulkrun.job.stats import RunStats
 from bulkrun.model_source import resolve_model
+from bulkrun.engine.params import EngineRequest, SamplingParams
 from bulkrun.tasks.base import Item, TaskContext
 from bulkrun.tasks.classify import ClassifyTask
 from bulkrun.tasks.labels import LabelSet
@@ -77,9 +78,19 @@ def fresh_engine(base: Engine, prefix_cache: bool) -> Engine:
 def bulkrun_scoring(base, task, prompts, prefix_cache: bool):
     engine = fresh_engine(base, prefix_cache)
     reqs = [r for i, p in enumerate(prompts) for r in _score_requests(task, i, p)]
-    outputs = engine.generate(reqs)
+    outputs, totals = run_counted(engine, reqs)
     labels = [task.label_columns(o)["label"] for o in outputs]
-    return labels, engine.totals
+    return labels, totals
+
+
+def run_counted(engine: Engine, requests: list) -> tuple[list, dict]:
+    """The outputs in request order, and the engine's figures over the run (one RunStats, fed
+    by the engine loop's per-step callback)."""
+    stats = RunStats()
+    by_id = {o.request_id: o for o in engine.stream(requests, on_step=stats.on_step)}
+    figures = {"scheduled_tokens": stats.scheduled_tokens, "steps": stats.steps,
+               "mean_running_batch": stats.running_sum / max(stats.steps, 1)}  # fmt: skip
+    return [by_id[r.request_id] for r in requests], figures
 
 
 def _score_requests(task, index: int, prompt_ids: list[int]):
@@ -91,8 +102,8 @@ def _score_requests(task, index: int, prompt_ids: list[int]):
 def bulkrun_generate(base, prompts, labels, max_new: int):
     engine = fresh_engine(base, prefix_cache=True)
     params = SamplingParams(max_tokens=max_new)
-    outputs = engine.generate([EngineRequest(str(i), p, params) for i, p in enumerate(prompts)])
-    return [parse_label(o.text, labels) for o in outputs], engine.totals
+    outputs, totals = run_counted(engine, [EngineRequest(str(i), p, params) for i, p in enumerate(prompts)])
+    return [parse_label(o.text, labels) for o in outputs], totals
 
 
 @torch.no_grad()
@@ -129,7 +140,7 @@ def main() -> None:
     rows = load_tickets(args.items)
     expected = [r["label"] for r in rows]
     labels = tuple(dict.fromkeys(expected))  # the set's labels, in order of first appearance
-    base = Engine.from_model(None, EngineConfig())
+    base = Engine.from_model(str(resolve_model(None)), EngineConfig())
     tokenizer = base.tokenizer
     task = ClassifyTask(LabelSet(labels))
     task.bind(TaskContext(tokenizer=tokenizer, max_model_len=base.max_model_len, sampling=SamplingParams()))

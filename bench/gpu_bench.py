@@ -1,12 +1,15 @@
 """GPU benchmark: bulkrun's engine against transformers' `generate_batch` on identical work.
 
-The model is built from a config with random weights, shaped like Llama-3.2-1B (hidden 2048, 16 layers,
-32 heads, 8 kv heads, intermediate 8192, vocab 128256, tied embeddings; plain rope, no llama3 rope
-scaling), saved with a locally built word-level tokenizer into a temp dir: no hub access anywhere.
+The model is built from a config with random weights, shaped like Llama-3.2-1B (--shape 1b: hidden
+2048, 16 layers, 32 heads, 8 kv heads, intermediate 8192, vocab 128256, tied embeddings) or
+Llama-3.1-8B (--shape 8b: hidden 4096, 32 layers, 32/8 heads, intermediate 14336, untied); plain rope,
+no llama3 rope scaling; saved with a locally built word-level tokenizer into a temp dir: no hub access.
 Both systems get the same prompts (random token ids, lengths spread evenly over [--prompt-min,
 --prompt-max]), greedy decoding, exactly --output-len new tokens each (EOS ignored), each after an
 untimed warm-up. Printed: tokens/s of both, the ratio, the engine's fraction of this machine's
-measured matmul rate, and how often both chose the same first token (a cheap correctness signal).
+measured matmul rate, how often both chose the same first token and the same whole sequence (bf16:
+near-ties may differ; gpu_engine_check.py judges tokens properly), and with --profile, a few
+decode-only steps: wall time vs device busy time per step, and the top kernels.
 
     python bench/gpu_bench.py                         # CUDA, bf16, the 1B shape (what gpu_check.sh runs)
     python bench/gpu_bench.py --device cpu --tiny     # the same code paths on a tiny model, on the CPU
@@ -25,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_model import LLAMA_3_2_1B, TINY, build_model_dir, make_prompts  # noqa: E402
+from gpu_model import SHAPES, build_model_dir, make_prompts  # noqa: E402
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -55,6 +58,7 @@ class Result:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--shape", default="1b", choices=["1b", "8b"], help="the random model's shape")
     p.add_argument("--tiny", action="store_true", help="tiny model and workload: a smoke run of every path")
     p.add_argument("--num-prompts", type=int, default=None, help="default 512 (tiny: 6)")
     p.add_argument("--prompt-min", type=int, default=None, help="default 64 (tiny: 5)")
@@ -63,8 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--dtype", default=None, choices=["bfloat16", "float16", "float32"], help="default: bf16 on CUDA"
     )
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-num-seqs", type=int, default=None, help="default: the engine's choice")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="default: the engine's choice")
     p.add_argument("--kernels", default="auto", choices=["auto", "triton", "reference"])
     p.add_argument("--skip-hf", action="store_true", help="run the engine only")
     p.add_argument("--min-agreement", type=float, default=0.5, help="fail below this first-token agreement")
@@ -121,15 +125,18 @@ def run_engine(model_dir: Path, prompts: list[list[int]], args) -> Result:
     from bulkrun.engine.engine import Engine
     from bulkrun.engine.params import EngineRequest, SamplingParams
 
+    limits = {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens}
     config = EngineConfig(
         device=args.device,
         dtype=args.dtype,
         kernels=args.kernels,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=False,  # random prompts share nothing; keep the work identical to the peer's
+        **{k: v for k, v in limits.items() if v is not None},  # unset: the engine sizes for the device
     )
     engine = Engine.from_model(str(model_dir), config)
+    print(f"engine limits: max_num_seqs={engine.config.max_num_seqs}, "
+          f"max_num_batched_tokens={engine.config.max_num_batched_tokens}, kv blocks={engine.runner.num_blocks}",
+          flush=True)  # fmt: skip
 
     def requests(batch, max_tokens, tag):
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
@@ -138,12 +145,13 @@ def run_engine(model_dir: Path, prompts: list[list[int]], args) -> Result:
     # Warm-up: prompt chunks and decode rows both (compiles every kernel variant once).
     engine.generate(requests(prompts[: min(len(prompts), 16)], 4, "warm"))
     synchronize(args.device)
-    before = dict(engine.totals)
+    before = dict(getattr(engine, "totals", {}))
     t0 = time.perf_counter()
     outputs = engine.generate(requests(prompts, args.output_len, "r"))
     synchronize(args.device)
     elapsed = time.perf_counter() - t0
-    print_engine_totals(before, engine.totals)
+    if hasattr(engine, "totals"):  # issue 13 drops the running totals: step stats come per step
+        print_engine_totals(before, engine.totals)
     for out in outputs:
         if out.finish_reason != "length" or len(out.output_token_ids) != args.output_len:
             fail(
@@ -152,13 +160,13 @@ def run_engine(model_dir: Path, prompts: list[list[int]], args) -> Result:
                 code=3,
             )
     tokens = [list(o.output_token_ids) for o in outputs]
-    if args.profile:
-        profile_decode_steps(engine, prompts, args)
+    profile = profile_decode_steps(engine, prompts, args) if args.profile else None
     del engine
     free_memory(args.device)
-    return Result(
+    result = Result(
         "bulkrun", len(prompts), sum(map(len, prompts)), sum(map(len, tokens)), elapsed, elapsed, tokens
     )
+    return result, profile
 
 
 def print_engine_totals(before: dict, after: dict) -> None:
@@ -171,25 +179,43 @@ def print_engine_totals(before: dict, after: dict) -> None:
           f"{1000 * d['step_seconds'] / steps:.1f} ms/step", flush=True)  # fmt: skip
 
 
-def profile_decode_steps(engine, prompts: list[list[int]], args, steps: int = 5) -> None:
-    """Top kernels of a few steady decode steps (a full batch decoding), by device time."""
+def profile_decode_steps(engine, prompts: list[list[int]], args, steps: int = 8) -> dict:
+    """A few steady decode-only steps (a full batch decoding): wall time per step against the time the
+    device was busy with kernels (the rest is the device waiting on the host), and the top kernels."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     from bulkrun.engine.params import EngineRequest, SamplingParams
 
     params = SamplingParams(max_tokens=10_000, ignore_eos=True)
-    for i, p in enumerate(prompts[: args.max_num_seqs]):
+    for i, p in enumerate(prompts[: engine.config.max_num_seqs or len(prompts)]):
         engine.add_request(EngineRequest(f"prof{i}", p, params))
     while engine.last_stats.num_prefill_tokens or engine.last_stats.num_scheduled_tokens == 0:
         engine.step()  # until every prompt is in and steps are decode-only
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
+    engine.step()
+    cuda = args.device == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    synchronize(args.device)
+    t0 = time.perf_counter()  # wall time unprofiled: tracing slows the host side
+    for _ in range(steps):
+        engine.step()
+    synchronize(args.device)
+    wall = (time.perf_counter() - t0) / steps
     with profile(activities=activities) as prof:
         for _ in range(steps):
             engine.step()
         synchronize(args.device)
-    sort = "cuda_time_total" if args.device == "cuda" else "cpu_time_total"
-    print(f"\nprofile of {steps} decode steps at batch {engine.last_stats.num_running}:")
-    print(prof.key_averages().table(sort_by=sort, row_limit=18, max_name_column_width=60))
+    busy = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA)
+    busy = busy / 1e6 / steps if cuda else None
+    batch = engine.last_stats.num_running
+    print(f"\nprofile of {steps} decode-only steps at batch {batch}: {1000 * wall:.2f} ms/step wall"
+          + (f", device busy {1000 * busy:.2f} ms ({busy / wall:.0%}); host-bound gap {1000 * (wall - busy):.2f} ms"
+             if cuda else " (device busy: n/a on the CPU)"))  # fmt: skip
+    sort = "cuda_time_total" if cuda else "cpu_time_total"
+    print(prof.key_averages().table(sort_by=sort, row_limit=15, max_name_column_width=60), flush=True)
+    return {"steps": steps, "batch": batch, "wall_ms_per_step": 1000 * wall,
+            "device_busy_ms_per_step": None if busy is None else 1000 * busy,
+            "device_busy_fraction": None if busy is None else busy / wall}  # fmt: skip
 
 
 def run_transformers(model_dir: Path, prompts: list[list[int]], args) -> Result:
@@ -256,6 +282,10 @@ def first_token_agreement(a: Result, b: Result) -> float:
     return same / max(1, len(a.outputs))
 
 
+def sequence_agreement(a: Result, b: Result) -> float:
+    return sum(x == y for x, y in zip(a.outputs, b.outputs, strict=True)) / max(1, len(a.outputs))
+
+
 def report(results: list[Result], config, args, peak_tflops: float) -> dict:
     from workload import model_flops_per_token
 
@@ -283,7 +313,7 @@ def main(argv=None) -> int:
     check_environment(args.device)
     import torch
 
-    shape = TINY if args.tiny else LLAMA_3_2_1B
+    shape = SHAPES["tiny" if args.tiny else args.shape]
     print(f"gpu_bench: {shape} {args.dtype} on {args.device}"
           f"{' (' + torch.cuda.get_device_name() + ')' if args.device == 'cuda' else ''}; "
           f"{args.num_prompts} prompts of {args.prompt_min}-{args.prompt_max} tokens, {args.output_len} new each",
@@ -294,16 +324,20 @@ def main(argv=None) -> int:
         max_positions = max(4096, args.prompt_max + args.output_len + 16)
         config = build_model_dir(shape, getattr(torch, args.dtype), args.device, Path(tmp), max_positions)
         print(f"random model saved in {time.perf_counter() - t0:.1f}s", flush=True)
-        results = [run_engine(Path(tmp), prompts, args)]
+        engine_result, profile = run_engine(Path(tmp), prompts, args)
+        results = [engine_result]
         print(f"bulkrun: {results[0].gen_tps:.0f} generated tok/s", flush=True)
         if not args.skip_hf:
             results.append(run_transformers(Path(tmp), prompts, args))
     figures = report(results, config, args, matmul_tflops(args.device, args.dtype))
+    figures["decode_profile"] = profile
     code = 0
     if len(results) == 2:
         agreement = first_token_agreement(results[0], results[1])
         figures["first_token_agreement"] = agreement
-        print(f"greedy first-token agreement with transformers: {agreement:.0%}")
+        figures["sequence_agreement"] = sequence_agreement(results[0], results[1])
+        print(f"greedy agreement with transformers: first token {agreement:.0%}, "
+              f"whole sequence {figures['sequence_agreement']:.0%}")  # fmt: skip
         if agreement < args.min_agreement:
             print(
                 f"gpu_bench: error: agreement below --min-agreement {args.min_agreement:.0%}", file=sys.stderr

@@ -19,10 +19,18 @@ class Shape:
     kv_heads: int
     intermediate: int
     vocab: int
+    tied: bool = True  # lm_head shares the embedding
 
 
 LLAMA_3_2_1B = Shape(hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192, vocab=128256)
+LLAMA_3_1_8B = Shape(
+    hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336, vocab=128256, tied=False
+)
+# The engine checks' model: few layers (quick to build and judge) with 8B-like heads (head_dim 128,
+# GQA 8) and the real vocabulary (its logits matter to memory sizing).
+CHECK = Shape(hidden=2048, layers=4, heads=16, kv_heads=2, intermediate=5632, vocab=128256)
 TINY = Shape(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=512)
+SHAPES = {"1b": LLAMA_3_2_1B, "8b": LLAMA_3_1_8B, "check": CHECK, "tiny": TINY}
 
 
 def build_tokenizer(vocab_size: int):
@@ -53,7 +61,7 @@ def build_model_dir(shape: Shape, dtype, device: str, path: Path, max_positions:
         vocab_size=shape.vocab,
         max_position_embeddings=max_positions,
         rope_theta=500000.0,
-        tie_word_embeddings=True,
+        tie_word_embeddings=shape.tied,
         bos_token_id=1,
         eos_token_id=2,
     )

@@ -52,7 +52,6 @@ class InstantEngine:
         self.tokenizer, self.max_model_len = tokenizer, max_model_len
         self.waiting: list = []
         self.last_stats = StepStats(kv_blocks_total=1)
-        self.totals: dict = {}
 
     def add_request(self, req) -> None:
         self.waiting.append(req)
@@ -68,6 +67,11 @@ class InstantEngine:
 
         done, self.waiting = self.waiting, []
         return [RequestOutput(r.request_id, r.prompt_token_ids, [1], "x", "length") for r in done]
+
+    def stream(self, requests, on_step=None):
+        from bulkrun.engine.engine import Engine
+
+        return Engine.stream(self, requests, on_step)  # the engine's one loop over this instant engine
 
 
 def child_memory(input_path: str, out: str, model: str) -> dict:
@@ -91,7 +95,8 @@ def child_memory(input_path: str, out: str, model: str) -> dict:
 def child_sorting(model: str, rows: int, repeats: int) -> dict:
     """The real engine on one mixed-length window, sorted by length or not, runs alternating (so
     the machine's drift hits both alike); tokens/s, engine steps and mean running batch."""
-    from bulkrun.job.runner import build_engine, run_job
+    from bulkrun.job.runner import run_job
+    from bulkrun.job.session import load_engine
     from bulkrun.job.spec import build_spec
 
     workdir = Path(tempfile.mkdtemp(prefix="job-bench-sort-"))
@@ -107,7 +112,7 @@ def child_sorting(model: str, rows: int, repeats: int) -> dict:
     path.write_text("\n".join(lines) + "\n")
     values = {"task": "generate", "input": str(path), "model": model, "quiet": True, "max_tokens": 16,
               "window": rows, "max_seqs": SORT_MAX_SEQS, "kv_cache_mem": "1GiB", "prefix_cache": False}  # fmt: skip
-    engine = build_engine(build_spec([("bench", values | {"out": str(workdir / "warm")})]))
+    engine = load_engine(build_spec([("bench", values | {"out": str(workdir / "warm")})]))
     runs: dict[str, list[dict]] = {"on": [], "off": []}
     for r in range(repeats):
         for mode in ("on", "off"):
@@ -141,8 +146,8 @@ def _model(tiny: bool) -> str:
         from bulkrun.model_source import resolve_model
 
         return str(resolve_model(None))
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "job"))
-    from jobtest_helpers import make_tiny_model
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from helpers.models import make_tiny_model
 
     return str(make_tiny_model(Path(tempfile.mkdtemp(prefix="job-bench-tiny-"))))
 

@@ -7,19 +7,20 @@ code  name               meaning
 ====  =================  ==========================================================================
 0     OK                 every row done (or the command succeeded)
 1     FATAL              an unexpected internal error (a bug: the traceback is shown)
-2     USAGE              bad command line or job spec: unknown option or key, invalid value
+2     USAGE              bad command line or job spec: unknown option or key, invalid value, a field
+                         named by an option that the input does not have
 3     ROW_ERRORS         the job finished, but some rows became error records (see OUT/errors.*)
 4     INPUT              the input cannot be read: missing, unreadable, unknown or broken format
 5     MODEL              the model cannot be found or loaded
 6     LOCKED             another live run holds the output directory's lock
 7     JOB_CHANGED        OUT holds a different job (spec, model or input changed); rerun with --restart
 8     INCOMPLETE         export/status: the job (or some --shard slices) has not finished
-9     OUTPUT             the output directory cannot be written
+9     OUTPUT             the output directory cannot be written (full disk, read-only, permissions)
 130   INTERRUPTED        stopped by Ctrl-C / SIGTERM; committed shards are kept, rerun to resume
 ====  =================  ==========================================================================
 
 Library code raises these; only the CLI edge turns them into one line on stderr and the exit code.
-Bad rows are never exceptions that stop a job: they become error records (see bulkrun.tasks.base.RowError).
+Bad rows are never exceptions that stop a job: they raise RowError and become error records.
 """
 
 from __future__ import annotations
@@ -77,3 +78,14 @@ class Incomplete(BulkrunError):
 
 class OutputError(BulkrunError):
     exit_code = EXIT_OUTPUT
+
+
+class RowError(Exception):
+    """A row that cannot be processed; becomes an error record (row, id, kind, message), and the
+    job goes on. Raised by readers (malformed JSON), tasks (a missing field) and the job layer."""
+
+    def __init__(self, kind: str, message: str, item_id: str | None = None):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.item_id = item_id  # the row's id when it is known although the row is bad

@@ -53,8 +53,13 @@ def load_error() -> str | None:
     return _state.get("error")  # type: ignore[return-value]
 
 
+def cache_base() -> Path:
+    """$BULKRUN_CACHE_DIR, default ~/.cache/bulkrun: what bulkrun builds once per machine lives here."""
+    return Path(os.environ.get("BULKRUN_CACHE_DIR") or Path.home() / ".cache" / "bulkrun")
+
+
 def cache_root() -> Path:
-    return Path(os.environ.get("BULKRUN_CACHE_DIR") or Path.home() / ".cache" / "bulkrun") / "kernels"
+    return cache_base() / "kernels"
 
 
 def build() -> Path:

@@ -1,8 +1,9 @@
 """The CPU native ops (kernels/cpu/*.cpp) behind the same signatures as reference.py.
 
-Each wrapper allocates its outputs (or honours out=) and calls torch.ops.bulkrun_cpu; inputs the
-native code does not cover (a dtype other than float32, an unusual head size or block size) go to
-the reference instead, so a caller never has to know which ran.
+Each wrapper allocates its outputs (or honours out=) and calls torch.ops.bulkrun_cpu; the native code
+takes float32 and bfloat16 (computing in float32 either way). Inputs it does not cover (another
+dtype, mixed dtypes where it needs one, an unusual head size) go to the reference instead, so a
+caller never has to know which ran.
 """
 
 from __future__ import annotations
@@ -11,9 +12,16 @@ import torch
 
 from . import reference
 
+_NATIVE_DTYPES = (torch.float32, torch.bfloat16)
+
 
 def _native(*tensors: torch.Tensor) -> bool:
-    return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
+    return all(t.dtype in _NATIVE_DTYPES and t.device.type == "cpu" for t in tensors)
+
+
+def _native_same(*tensors: torch.Tensor) -> bool:
+    """Native dtypes, all one of them."""
+    return _native(*tensors) and len({t.dtype for t in tensors}) == 1
 
 
 def paged_attention(
@@ -29,7 +37,7 @@ def paged_attention(
 ) -> torch.Tensor:
     head_dim = q.shape[-1]
     supported = head_dim % 16 == 0 and (head_dim <= 128 or head_dim == 256) and q.stride(-1) == 1
-    if not (supported and _native(q, k_cache, v_cache)):
+    if not (supported and _native_same(q, k_cache, v_cache) and (out is None or out.dtype == q.dtype)):
         return reference.paged_attention(
             q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out=out, plan=plan
         )
@@ -43,26 +51,46 @@ def paged_attention(
 
 def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
     rows_ok = all(t.stride(-1) == 1 and t.stride(-2) == t.shape[-1] for t in (k, v))
-    if not (rows_ok and _native(k, v, k_cache, v_cache)):
+    if not (rows_ok and _native_same(k, v, k_cache, v_cache)):
         return reference.write_kv(k, v, k_cache, v_cache, slot_mapping)
     torch.ops.bulkrun_cpu.write_kv(k, v, k_cache, v_cache, slot_mapping.long().contiguous())
 
 
 def rms_norm(x, weight, eps, residual=None, out=None, residual_out=None):
-    """(rmsnorm(x + residual) * weight, x + residual) in one pass; see reference.rms_norm."""
+    """(rmsnorm(x + residual) * weight, x + residual) in one pass; see reference.rms_norm.
+
+    Natively the normed output has x's dtype and the sum residual's (x's without one): a bf16 model
+    may carry a float32 residual stream. The weight may be float32 or bfloat16."""
     tensors = (x, weight) if residual is None else (x, weight, residual)
-    if x.dim() != 2 or x.stride(-1) != 1 or not _native(*tensors):
-        return reference.rms_norm(x, weight, eps, residual, out=out, residual_out=residual_out)
+    mixed = residual is not None and residual.dtype != x.dtype
+    if (
+        x.dim() != 2
+        or x.stride(-1) != 1
+        or not _native(*tensors)
+        or (out is not None and out.dtype != x.dtype)
+    ):
+        if not mixed:
+            return reference.rms_norm(x, weight, eps, residual, out=out, residual_out=residual_out)
+        # the reference adds in the residual's dtype; the normed output keeps x's
+        normed, summed = reference.rms_norm(
+            x.to(residual.dtype), weight, eps, residual, residual_out=residual_out
+        )
+        return (normed.to(x.dtype) if out is None else out.copy_(normed)), summed
     out = torch.empty_like(x) if out is None else out
     if residual_out is None:
-        residual_out = x if residual is None else torch.empty_like(x)
+        residual_out = x if residual is None else torch.empty_like(residual)
     torch.ops.bulkrun_cpu.rms_norm(x, residual, weight.contiguous(), eps, out, residual_out)
     return out, residual_out
 
 
 def rotary(q, k, positions, cos_sin_cache, q_out=None, k_out=None):
     """Rotate-half rotary embedding; new tensors, or written into q_out / k_out (which may be q / k)."""
-    if not _native(q, k, cos_sin_cache) or q.stride(-1) != 1 or k.stride(-1) != 1:
+    outs_ok = all(o is None or o.dtype == q.dtype for o in (q_out, k_out))
+    if (
+        not (_native(q, k, cos_sin_cache) and q.dtype == k.dtype and outs_ok)
+        or q.stride(-1) != 1
+        or k.stride(-1) != 1
+    ):
         return reference.rotary(q, k, positions, cos_sin_cache, q_out=q_out, k_out=k_out)
     q_out = torch.empty_like(q, memory_format=torch.contiguous_format) if q_out is None else q_out
     k_out = torch.empty_like(k, memory_format=torch.contiguous_format) if k_out is None else k_out
@@ -74,7 +102,7 @@ def rotary(q, k, positions, cos_sin_cache, q_out=None, k_out=None):
 
 def silu_and_mul(x, out=None):
     """x[T, 2I] (gate then up) -> silu(gate) * up, [T, I]."""
-    if x.dim() != 2 or x.stride(-1) != 1 or not _native(x):
+    if x.dim() != 2 or x.stride(-1) != 1 or not _native(x) or (out is not None and out.dtype != x.dtype):
         return reference.silu_and_mul(x, out=out)
     if out is None:
         out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype, device=x.device)

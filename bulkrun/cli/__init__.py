@@ -36,7 +36,7 @@ def _terminate(signum, frame):  # SIGTERM behaves like Ctrl-C: commit what is fi
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bulkrun.distributed.cli_options import fix_bare_ray_flag
+    from bulkrun.distributed.options import fix_bare_ray_flag
 
     args = fix_bare_ray_flag(list(sys.argv[1:] if argv is None else argv))
     signal.signal(signal.SIGTERM, _terminate)

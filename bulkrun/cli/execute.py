@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from bulkrun.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_ROW_ERRORS, UsageError
+from bulkrun.io.outdir import is_uri
 from bulkrun.job.spec import JobSpec, build_spec
 
 
@@ -20,18 +21,18 @@ def run_task_command(
 
 
 def execute(spec: JobSpec) -> int:
-    from bulkrun.distributed.cli_options import check_exec_options
+    from bulkrun.distributed.options import check_exec_options
     from bulkrun.tasks.sweep import is_sweep
 
     check_exec_options(spec.ray, spec.workers, spec.shard)
     if spec.task == "eval" and is_sweep(spec.task_options):
         return _sweep(spec)
     if spec.ray is not None:
-        from bulkrun.distributed.ray_runner import run_on_ray
+        from bulkrun.distributed.ray_driver import run_on_ray
 
         report = run_on_ray(spec)
-    elif "://" in spec.out:  # s3://, gs://, ...: run on a local mirror (bulkrun.distributed.uri_jobs)
-        from bulkrun.distributed.uri_jobs import run_job_at_uri
+    elif is_uri(spec.out):  # s3://, gs://, ...: run on a local mirror (bulkrun.distributed.uri)
+        from bulkrun.distributed.uri import run_job_at_uri
 
         report = run_job_at_uri(spec)
     else:
@@ -39,7 +40,7 @@ def execute(spec: JobSpec) -> int:
 
         report = run_job(spec)
     if not spec.quiet:
-        from bulkrun.job.report import summary_lines
+        from bulkrun.job.stats import summary_lines
 
         print("\n".join(summary_lines(report)), file=sys.stderr)
     return exit_code(report, sliced=spec.shard is not None)
@@ -57,7 +58,8 @@ def exit_code(report: dict, sliced: bool = False) -> int:
 
 def _sweep(spec: JobSpec) -> int:
     """An eval sweep: one ordinary (resumable) job per combination, then a comparison table."""
-    from bulkrun.job.runner import build_engine, run_job
+    from bulkrun.job.runner import run_job
+    from bulkrun.job.session import load_engine
     from bulkrun.tasks.sweep import SweepError, markdown_table, run_sweep
 
     if spec.ray is not None or spec.shard is not None:
@@ -71,7 +73,7 @@ def _sweep(spec: JobSpec) -> int:
         return report
 
     try:
-        rows = run_sweep(spec, run_one, build_engine=build_engine, has_labels=has_labels)
+        rows = run_sweep(spec, run_one, build_engine=load_engine, has_labels=has_labels)
     except SweepError as exc:
         raise UsageError(str(exc)) from None
     if not spec.quiet:

@@ -17,7 +17,7 @@ from typing import Any
 
 import typer
 
-from bulkrun.distributed.cli_options import RayOpt, ShardOpt, WorkersOpt
+from bulkrun.distributed.options import RayOpt, ShardOpt, WorkersOpt
 
 
 @dataclass(frozen=True)

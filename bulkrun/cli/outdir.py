@@ -10,6 +10,7 @@ import typer
 
 from bulkrun.cli.app import app
 from bulkrun.errors import EXIT_INCOMPLETE, EXIT_OK, UsageError
+from bulkrun.io.outdir import is_uri
 
 OUT = typer.Argument(..., help="The job's output directory (its --out; a path or a URI).", show_default=False)
 
@@ -25,8 +26,8 @@ def status(
     """
     from bulkrun.job.status import job_status, status_lines
 
-    if "://" in out:
-        from bulkrun.distributed.uri_jobs import status_at_uri
+    if is_uri(out):
+        from bulkrun.distributed.uri import status_at_uri
 
         info = status_at_uri(out)
     else:
@@ -52,8 +53,8 @@ def export(
 
     if fmt not in (None, "jsonl", "parquet"):
         raise UsageError(f"--format must be jsonl or parquet, got {fmt!r}")
-    if "://" in out:
-        from bulkrun.distributed.uri_jobs import export_at_uri
+    if is_uri(out):
+        from bulkrun.distributed.uri import export_at_uri
 
         report = export_at_uri(out, fmt, force)
     else:

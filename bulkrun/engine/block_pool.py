@@ -3,11 +3,15 @@
 A full block is identified by a hash chained with its predecessor's hash, so equal hashes mean
 equal token prefixes. Freed blocks that carry a hash stay cached (evictable, least recently
 freed first) until a free block is needed; blocks without a hash go back to the free list.
+
+Allocation prefers blocks already used once (plain freed ones, the most recently freed first, then
+evictable cached ones, least recently used first) over blocks never touched, so the memory a run
+actually touches (lazily mapped on the CPU) tracks its peak use rather than the cache's size.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 _ROOT_HASH = 0x5EED  # parent hash of a sequence's first block
@@ -36,7 +40,8 @@ class BlockPool:
         self.ref_counts = [0] * num_blocks
         self._block_hash: list[int | None] = [None] * num_blocks
         self._cached: dict[int, int] = {}  # block hash -> block id
-        self._free: deque[int] = deque(range(num_blocks))  # unreferenced, no hash
+        self._free: list[int] = []  # freed, unreferenced, no hash; reused last-freed first
+        self._num_touched = 0  # blocks _num_touched.. have never been handed out
         self._evictable: OrderedDict[int, None] = OrderedDict()  # unreferenced, hashed; LRU first
         self.num_queried_blocks = 0  # prefix-cache statistics
         self.num_hit_blocks = 0
@@ -45,7 +50,7 @@ class BlockPool:
     @property
     def num_free_blocks(self) -> int:
         """Blocks an allocation can take: truly free plus evictable cached ones."""
-        return len(self._free) + len(self._evictable)
+        return len(self._free) + len(self._evictable) + self.num_blocks - self._num_touched
 
     @property
     def num_used_blocks(self) -> int:
@@ -62,12 +67,26 @@ class BlockPool:
         """Take `n` blocks (reference count 1 each), or None when fewer than `n` can be had."""
         if n > self.num_free_blocks:
             return None
-        blocks = []
-        for _ in range(n):
-            block = self._free.popleft() if self._free else self._evict_lru()
-            self.ref_counts[block] = 1
-            blocks.append(block)
+        free, ref_counts = self._free, self.ref_counts
+        if n <= len(free):  # the common case: all from the freed stack
+            blocks = free[len(free) - n :][::-1]
+            del free[len(free) - n :]
+        else:
+            blocks = free[::-1]
+            free.clear()
+            while len(blocks) < n and self._evictable:
+                blocks.append(self._evict_lru())
+            fresh = n - len(blocks)
+            blocks.extend(range(self._num_touched, self._num_touched + fresh))
+            self._num_touched += fresh
+        for block in blocks:
+            ref_counts[block] = 1
         return blocks
+
+    @property
+    def num_touched_blocks(self) -> int:
+        """Blocks ever handed out: what the cache's memory holds at its peak so far."""
+        return self._num_touched
 
     def _evict_lru(self) -> int:
         block, _ = self._evictable.popitem(last=False)

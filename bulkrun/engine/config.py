@@ -5,25 +5,35 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+# Budgets when neither the user nor the device chooses (the CPU): small steps keep the matmuls in cache.
+DEFAULT_MAX_NUM_SEQS = 256
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 1024
+
+
 @dataclass
 class EngineConfig:
     block_size: int = 16
     kv_cache_bytes: int | None = None  # None -> sensible default from free memory
-    max_num_seqs: int = 256  # max running sequences
-    max_num_batched_tokens: int = 1024  # per-step token budget
+    # None: chosen for the device (see bulkrun.engine.device_limits; the CPU keeps the defaults above)
+    max_num_seqs: int | None = None  # max running sequences
+    max_num_batched_tokens: int | None = None  # per-step token budget
     enable_prefix_caching: bool = True
     dtype: str | None = None  # None -> float32 on CPU, bfloat16 on CUDA
     device: str | None = None  # None -> cuda if available else cpu
     kernels: str = "auto"  # "auto" | "triton" | "cpu" | "reference"
     max_waiting: int = 1024  # backpressure threshold for has_capacity()
     max_model_len: int | None = None  # None -> the model's context length; lower caps it
+    # schedule step N+1 while the device runs step N; None: on where the device runs apart from
+    # the host (CUDA), off on the CPU
+    async_scheduling: bool | None = None
+    cuda_graphs: bool = True  # replay captured decode-only steps (CUDA only)
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
-        if self.max_num_seqs < 1:
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < 1:
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.max_waiting < 1:
             raise ValueError(f"max_waiting must be >= 1, got {self.max_waiting}")

@@ -6,12 +6,12 @@ finished in it. Nothing here imports torch; the real runner is imported only by 
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from bulkrun.engine.block_pool import BlockPool
 from bulkrun.engine.config import EngineConfig
+from bulkrun.engine.limits import EngineLimits, choose_limits
 from bulkrun.engine.outputs import RequestOutput, StepStats
 from bulkrun.engine.params import EngineRequest
 from bulkrun.engine.request import Request, RequestKind
@@ -25,7 +25,9 @@ _NOTHING_RUN = RunnerOutput()
 class Engine:
     def __init__(self, runner: Any, config: EngineConfig | None = None):
         """`runner` provides num_blocks, block_size, max_model_len, eos_token_ids, tokenizer and
-        execute(SchedulerOutput) -> RunnerOutput (bulkrun.engine.runner.ModelRunner, or a fake)."""
+        execute(SchedulerOutput) -> RunnerOutput, optionally launch(SchedulerOutput) -> a handle
+        whose result() gives the RunnerOutput once the step's work lands (asynchronous devices)
+        (bulkrun.engine.runner.ModelRunner, or a fake)."""
         self.config = config or EngineConfig()
         self.runner = runner
         self.tokenizer = runner.tokenizer
@@ -34,26 +36,31 @@ class Engine:
             self.max_model_len = min(self.max_model_len, self.config.max_model_len)
         self.vocab_size: int | None = getattr(runner, "vocab_size", None)
         self.pool = BlockPool(runner.num_blocks, runner.block_size, self.config.enable_prefix_caching)
+        # the budget the runner chose for its device, or the config's (CPU defaults where unset)
+        self.limits: EngineLimits = getattr(runner, "limits", None) or choose_limits(self.config, "cpu")
         self.scheduler = Scheduler(
             self.pool,
-            max_num_seqs=self.config.max_num_seqs,
-            max_num_batched_tokens=self.config.max_num_batched_tokens,
+            max_num_seqs=self.limits.max_num_seqs,
+            max_num_batched_tokens=self.limits.max_num_batched_tokens,
             max_model_len=self.max_model_len,
             eos_token_ids=runner.eos_token_ids,
         )
+        async_scheduling = self.config.async_scheduling
+        if async_scheduling is None:  # on where the device runs apart from the host
+            async_scheduling = bool(getattr(runner, "runs_asynchronously", False))
+        self.async_scheduling = async_scheduling
+        self._launch = getattr(runner, "launch", None) or (lambda sched: _Landed(runner.execute(sched)))
+        self._in_flight: tuple[SchedulerOutput, Any] | None = None  # launched, results not applied
         self._stop_matchers: dict[str, StopStringMatcher] = {}
         self.last_stats = StepStats(kv_blocks_total=self.pool.num_blocks)
-        self.totals: dict[str, float] = dict.fromkeys(_TOTAL_KEYS, 0)
-        self.totals["kv_blocks_total"] = self.pool.num_blocks
 
     @classmethod
-    def from_model(cls, model: str | None, config: EngineConfig | None = None) -> Engine:
-        """Load `model` (default alias, HF directory or .gguf; see bulkrun.model_source)."""
+    def from_model(cls, model_dir: str, config: EngineConfig | None = None) -> Engine:
+        """Load the model in the local directory `model_dir` (resolved by the caller)."""
         from bulkrun.engine.runner import ModelRunner  # torch lives behind this import
-        from bulkrun.model_source import resolve_model
 
         config = config or EngineConfig()
-        return cls(ModelRunner(str(resolve_model(model)), config), config)
+        return cls(ModelRunner(str(model_dir), config), config)
 
     # ---- intake -------------------------------------------------------------------------------
 
@@ -73,39 +80,53 @@ class Engine:
         return self.scheduler.num_waiting < self.config.max_waiting
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self._in_flight is not None or self.scheduler.has_unfinished()
 
     # ---- one step -----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one iteration; return the requests that finished in it, in completion order."""
-        started = time.perf_counter()
+        """Run one iteration; return the requests that finished in it, in completion order.
+
+        Synchronous: schedule step N, run it, apply its results. Asynchronous (one step of
+        lookahead): schedule and launch step N+1 while step N may still run on the device, then
+        apply step N's results; a request found finished then wastes its slot in step N+1, whose
+        results for it are dropped."""
         sched = self.scheduler.schedule()
-        runner_started = time.perf_counter()
-        result = self.runner.execute(sched) if sched.scheduled else _NOTHING_RUN
-        runner_seconds = time.perf_counter() - runner_started
-        decode_tokens = _count_decode_tokens(sched)  # before update() moves the counters
-        finished = self.scheduler.update(sched, result)
-        if self._stop_matchers:
-            self._check_stop_strings(sched, finished)
-        if not sched.scheduled and not finished and self.scheduler.has_unfinished():
+        launched = (sched, self._launch(sched)) if sched.requests else None
+        if self.async_scheduling:
+            landing, self._in_flight = self._in_flight, launched
+        else:
+            landing = launched
+        # failed and finished-early requests come with the schedule; a launched step reports them
+        # when it lands
+        finished = self.scheduler.update(sched, _NOTHING_RUN) if launched is None else []
+        if landing is not None:
+            finished += self._land(*landing)
+        if launched is None and landing is None and not finished and self.scheduler.has_unfinished():
             finished += self.scheduler.fail_stalled()  # never spin without progress
         outputs = [self._make_output(req) for req in finished]
-        self._record(sched, decode_tokens, outputs, time.perf_counter() - started, runner_seconds)
+        self._record(sched, outputs)
         return outputs
 
+    def _land(self, sched: SchedulerOutput, handle: Any) -> list[Request]:
+        finished = self.scheduler.update(sched, handle.result())
+        if self._stop_matchers:
+            self._check_stop_strings(sched, finished)
+        return finished
+
     def _check_stop_strings(self, sched: SchedulerOutput, finished: list[Request]) -> None:
-        for item in sched.scheduled:
-            if not item.sample:
+        matchers = self._stop_matchers
+        for req, sample in zip(sched.requests, sched.samples):
+            if not sample:
                 continue
-            req = item.request
-            matcher = self._stop_matchers.get(req.request_id)
-            if matcher is None or not matcher.update(req.token_ids):
+            matcher = matchers.get(req.request_id)
+            if matcher is None or (req.is_finished and req not in finished):
+                continue  # no stop strings, or finished before this step's token landed
+            if not matcher.update(req.token_ids):
                 continue
             if not req.is_finished:
                 finished.append(req)
             self.scheduler.finish_request(req, "stop")  # also overrides a same-step "length"
-
     def _make_output(self, req: Request) -> RequestOutput:
         out = RequestOutput(
             request_id=req.request_id,
@@ -134,50 +155,30 @@ class Engine:
             end -= 1
         return decode_output(self.tokenizer, req.token_ids, req.num_prompt_tokens, end)
 
-    def _record(
-        self,
-        sched: SchedulerOutput,
-        decode_tokens: int,
-        outputs: list[RequestOutput],
-        seconds: float,
-        runner_seconds: float,
-    ) -> None:
-        stats = StepStats(
+    def _record(self, sched: SchedulerOutput, outputs: list[RequestOutput]) -> None:
+        decode = sched.num_decode_tokens
+        self.last_stats = StepStats(
             num_scheduled_tokens=sched.num_scheduled_tokens,
-            num_prefill_tokens=sched.num_scheduled_tokens - decode_tokens,
-            num_decode_tokens=decode_tokens,
-            num_running=len(sched.scheduled),
+            num_prefill_tokens=sched.num_scheduled_tokens - decode,
+            num_decode_tokens=decode,
+            num_running=len(sched.requests),
             num_waiting=self.scheduler.num_waiting,
             num_preempted=len(sched.preempted),
             kv_blocks_used=self.pool.num_used_blocks,
             kv_blocks_total=self.pool.num_blocks,
             prefix_cache_hit_tokens=sched.num_prefix_hit_tokens,
             num_finished=len(outputs),
+            num_generated_tokens=sum(sched.samples),
         )
-        self.last_stats = stats
-        t = self.totals
-        t["steps"] += 1
-        t["scheduled_tokens"] += stats.num_scheduled_tokens
-        t["prefill_tokens"] += stats.num_prefill_tokens
-        t["decode_tokens"] += stats.num_decode_tokens
-        t["generated_tokens"] += sum(1 for s in sched.scheduled if s.sample)
-        t["running_sum"] += stats.num_running
-        t["mean_running_batch"] = t["running_sum"] / t["steps"]
-        t["prefix_cache_hit_tokens"] += stats.prefix_cache_hit_tokens
-        t["preemptions"] += stats.num_preempted
-        t["kv_blocks_used"] = stats.kv_blocks_used
-        t["kv_blocks_peak"] = max(t["kv_blocks_peak"], stats.kv_blocks_used)
-        t["finished"] += len(outputs)
-        t["errors"] += sum(1 for o in outputs if o.finish_reason == "error")
-        t["prompt_tokens"] += sum(len(o.prompt_token_ids) for o in outputs)
-        t["step_seconds"] += seconds
-        t["runner_seconds"] += runner_seconds
 
     # ---- driving ------------------------------------------------------------------------------
 
-    def stream(self, requests: Iterable[EngineRequest]) -> Iterator[RequestOutput]:
-        """Feed requests as capacity allows and yield results in completion order. A malformed
-        request is yielded at once as an error result instead of stopping the stream."""
+    def stream(
+        self, requests: Iterable[EngineRequest], on_step: Callable[[StepStats], None] | None = None
+    ) -> Iterator[RequestOutput]:
+        """THE engine loop: feed requests as capacity allows and yield results in completion
+        order. A malformed request is yielded at once as an error result instead of stopping the
+        stream. `on_step` gets every step's StepStats right after the step."""
         pending = iter(requests)
         exhausted = False
         while True:
@@ -194,7 +195,10 @@ class Engine:
                 if exhausted:
                     return
                 continue
-            yield from self.step()
+            outputs = self.step()
+            if on_step is not None:
+                on_step(self.last_stats)
+            yield from outputs
 
     def generate(self, requests: list[EngineRequest]) -> list[RequestOutput]:
         """Run all requests to completion; results in request order."""
@@ -205,34 +209,16 @@ class Engine:
         return [by_id[i] for i in ids]
 
 
-_TOTAL_KEYS = (
-    "steps",
-    "scheduled_tokens",
-    "prefill_tokens",
-    "decode_tokens",
-    "generated_tokens",
-    "prompt_tokens",
-    "running_sum",
-    "mean_running_batch",
-    "prefix_cache_hit_tokens",
-    "preemptions",
-    "kv_blocks_used",
-    "kv_blocks_peak",
-    "kv_blocks_total",
-    "finished",
-    "errors",
-    "step_seconds",
-    "runner_seconds",
-)
+class _Landed:
+    """The handle of a step a synchronous runner has already run."""
 
+    __slots__ = ("_result",)
 
-def _count_decode_tokens(sched: SchedulerOutput) -> int:
-    """Tokens computed one at a time past the prompt (the rest counts as prefill)."""
-    return sum(
-        1
-        for s in sched.scheduled
-        if s.num_tokens == 1 and s.request.num_computed_tokens >= s.request.num_prompt_tokens
-    )
+    def __init__(self, result: RunnerOutput):
+        self._result = result
+
+    def result(self) -> RunnerOutput:
+        return self._result
 
 
 def _check_vocab(req: EngineRequest, vocab_size: int) -> None:

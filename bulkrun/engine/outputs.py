@@ -40,3 +40,4 @@ class StepStats:
     kv_blocks_total: int = 0
     prefix_cache_hit_tokens: int = 0  # prompt tokens newly admitted from the cache this step
     num_finished: int = 0
+    num_generated_tokens: int = 0  # rows that sample a token this step

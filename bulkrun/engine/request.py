@@ -33,7 +33,13 @@ class Request:
     arrival: int  # admission order; preemption picks the newest running request
     kind: RequestKind = RequestKind.GENERATE
     status: RequestStatus = RequestStatus.WAITING
-    num_computed_tokens: int = 0  # tokens whose KV is in the cache
+    # tokens whose KV is in the cache or is being computed by a scheduled step (advanced when the
+    # step is scheduled, so the next step can be scheduled before this one's results land)
+    num_computed_tokens: int = 0
+    # tokens to be sampled by scheduled steps whose results have not landed (at most 2: the step
+    # in flight and the one scheduled ahead of it); the input at such a position comes from the
+    # runner, which has the previous step's tokens
+    num_pending_tokens: int = 0
     block_table: list[int] = field(default_factory=list)  # physical block ids, append-only
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of full blocks, lazily
     num_hashed_blocks: int = 0  # leading blocks of block_table already offered to the prefix cache
@@ -54,6 +60,11 @@ class Request:
     first_token_ids: list[int] | None = None  # scoring parent: each continuation's first token
     first_token_logprobs: list[float] = field(default_factory=list)  # same order, from the runner
     continuation_lengths: list[int] = field(default_factory=list)
+    # Generating: tokens that end it (stop ids, and EOS unless ignored) and the length at which it
+    # stops (prompt + max_tokens, capped by the context); set by the scheduler at arrival.
+    stop_token_set: frozenset[int] = frozenset()
+    length_limit: int = 0
+    scheduled_in_step: int = -1  # the last step that scheduled it (preemption spares those)
 
     @property
     def num_tokens(self) -> int:
@@ -79,20 +90,23 @@ class Request:
     def num_target_tokens(self) -> int:
         """How many tokens must have KV before this request's work in the step is done."""
         limit = self.compute_limit
-        return len(self.token_ids) if limit is None else limit
+        return len(self.token_ids) + self.num_pending_tokens if limit is None else limit
+
+    @property
+    def num_tokens_without_logits(self) -> int:
+        """Leading tokens none of whose logits are needed: a prefix-cache hit may cover them."""
+        if self.score_start is not None:  # scoring child: the row before score_start is scored
+            return self.score_start - 1
+        return len(self.token_ids) - 1  # generating or scoring first tokens: the last prompt row
 
     @property
     def num_remaining_tokens(self) -> int:
         return self.num_target_tokens - self.num_computed_tokens
 
     def continuation_logprobs(self) -> list[list[float]]:
-        """Scoring parent: per continuation, the log-probability of each of its tokens (the first
-        from the parent's last prompt row, the rest from the continuation's child)."""
-        children = iter(self.children)
-        out = []
-        for first, n in zip(self.first_token_logprobs, self.continuation_lengths, strict=True):
-            out.append([first, *next(children).score_logprobs] if n > 1 else [first])
-        return out
+        from bulkrun.engine.scoring import continuation_logprobs
+
+        return continuation_logprobs(self)
 
 
 def validate_engine_request(req: EngineRequest) -> None:

@@ -1,25 +1,41 @@
-"""The model runner: owns the model, the KV cache and the sampler; executes one scheduled step."""
+"""The model runner: owns the model, the KV cache and the sampler; executes one scheduled step.
+
+launch() builds the step from persistent host state (StepState), runs the model and the sampler,
+and returns a handle; the sampled tokens stay on the device until the handle's result() is asked
+for, so on CUDA the host can schedule and launch the next step meanwhile (async scheduling): the
+next step takes the inputs it needs from the previous step's token tensor on the device.
+"""
 
 from __future__ import annotations
+
+import logging
+from operator import attrgetter
 
 import torch
 from transformers import AutoTokenizer
 
+from bulkrun.engine import scoring
 from bulkrun.engine.config import EngineConfig
 from bulkrun.engine.cpu_env import keep_freed_memory
+from bulkrun.engine.decode_graphs import DecodeGraphs, graph_batch_sizes
 from bulkrun.engine.device import resolve_device
 from bulkrun.engine.kv_cache import KVCache, default_cpu_kv_bytes, default_cuda_kv_bytes
+from bulkrun.engine.limits import EngineLimits, choose_limits
 from bulkrun.engine.runner_output import RunnerOutput
 from bulkrun.engine.sampler import Sampler
 from bulkrun.engine.scheduler import SchedulerOutput
-from bulkrun.engine.step_inputs import StepInputs, build_step_inputs
+from bulkrun.engine.step_inputs import StepInputs, StepState
 from bulkrun.model.greedy_head import build_greedy_head
 from bulkrun.model.linear import pack_linears_for_cpu
 from bulkrun.model.loader import load_model
 from bulkrun_kernels import get_ops
 from bulkrun_kernels.reference import plan_attention
 
+log = logging.getLogger(__name__)
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_request_id = attrgetter("request_id")
+_params = attrgetter("params")
 
 
 def resolve_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
@@ -49,124 +65,144 @@ class ModelRunner:
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.block_size = config.block_size
-        self.kv_cache = KVCache.from_budget(cfg, self._kv_budget(), self.block_size, self.dtype, self.device)
-        self.num_blocks = self.kv_cache.num_blocks
+        memory = torch.cuda.get_device_properties(self.device).total_memory if self.device.type == "cuda" else 0
+        self.limits: EngineLimits = choose_limits(config, self.device.type, memory)
+        budget = self._kv_budget()
+        # one block more than the scheduler sees: the padding rows of a captured decode step write there
+        self.kv_cache = KVCache.from_budget(cfg, budget, self.block_size, self.dtype, self.device)
+        self.num_blocks = self.kv_cache.num_blocks - 1
+        if self.num_blocks < 1:
+            raise ValueError(f"the KV cache budget ({budget} bytes) holds fewer than 2 blocks; raise kv_cache_bytes")
+        self.limits.num_kv_blocks, self.limits.kv_cache_bytes = self.num_blocks, budget
+        self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
+        self.state = StepState(self.block_size, self.limits.max_num_seqs, self.max_blocks_per_seq)
         self.sampler = Sampler()
+        self.runs_asynchronously = self.device.type == "cuda"  # the engine's async default
+        self._prev_tokens: torch.Tensor | None = None  # the last step's sampled tokens, on the device
+        self._prev_rows: dict[str, int] = {}  # request id -> row of _prev_tokens
+        self.graphs: DecodeGraphs | None = None
+        if self.device.type == "cuda" and config.cuda_graphs:
+            self.graphs = DecodeGraphs.capture(self, graph_batch_sizes(self.limits.max_num_seqs))
 
     def _kv_budget(self) -> int:
         if self.config.kv_cache_bytes is not None:
             return self.config.kv_cache_bytes
         if self.device.type != "cuda":
             return default_cpu_kv_bytes()
-        return default_cuda_kv_bytes(self.device, self._profile_activation_bytes())
+        self.limits.profile_peak_bytes = self._profile_activation_bytes()
+        return default_cuda_kv_bytes(self.device, self.limits.profile_peak_bytes)
+
+    @property
+    def padding_block(self) -> int:
+        """The block the padding rows of a captured step write into (never handed out)."""
+        return self.num_blocks
+
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        return self.launch(out).result()
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+    def launch(self, out: SchedulerOutput) -> StepHandle:
+        """Run the step on the device; the handle's result() waits for its tokens."""
         result = RunnerOutput()
-        if not out.scheduled:
-            return result
-        inputs = self._to_device(build_step_inputs(out.scheduled, self.block_size))
-        h = self.model.final_hidden(
-            inputs.input_ids, inputs.metadata, self.kv_cache.layers, inputs.logits_indices
-        )
-        screened = self._screened_rows(inputs)
-        tokens = self.greedy_head(h[screened]).tolist() if screened else []
-        logits = self.model.logits(_without_rows(h, screened))  # every other row, in order
-        self._sample(inputs, logits, dict(zip(screened, tokens, strict=True)), result)
-        self._score(inputs, logits, len(screened), result)
-        self._score_first_tokens(inputs, logits, result)
-        return result
+        if not out.requests:
+            return StepHandle(result)
+        inputs = self._to_device(self.state.build(out, self._prev_rows))
+        if inputs.pending_inputs:
+            at, prev = zip(*inputs.pending_inputs, strict=True)
+            index = torch.tensor(at, device=self.device)
+            inputs.input_ids[index] = self._prev_tokens[torch.tensor(prev, device=self.device)]
+        h = self._final_hidden(inputs)
+        requests = inputs.sample_requests
+        tokens = self._sample(requests, h, inputs, result)
+        ids = list(map(_request_id, requests))
+        self._prev_tokens, self._prev_rows = tokens, dict(zip(ids, range(len(ids))))
+        return StepHandle(result, tokens, ids)
 
-    def _screened_rows(self, inputs: StepInputs) -> list[int]:
-        """The sample rows the greedy head answers: greedy and no log-probability asked."""
-        if self.greedy_head is None:
-            return []
-        return [i for i, r in enumerate(inputs.sample_requests) if r.params.greedy and not r.params.logprobs]
+    def _final_hidden(self, inputs: StepInputs) -> torch.Tensor:
+        # a decode step in which every row samples: its logits rows are exactly its rows
+        if self.graphs is not None and inputs.decode_only and len(inputs.sample_requests) == inputs.num_rows:
+            h = self.graphs.run(inputs)
+            if h is not None:
+                return h
+        return self.model.final_hidden(inputs.input_ids, inputs.metadata, self.kv_cache.layers, inputs.logits_indices)
+
+    def _sample(self, requests: list, h: torch.Tensor, inputs: StepInputs, result: RunnerOutput) -> torch.Tensor:
+        """Tokens of the sample rows (h's first len(requests) rows), left on the device; fills
+        result's log-probabilities and scores."""
+        n = len(requests)
+        greedy = self._greedy_rows(requests)
+        tokens = torch.empty(n, dtype=torch.long, device=h.device)
+        if self.greedy_head is not None and greedy:
+            if len(greedy) == n:
+                tokens = self.greedy_head(h[:n])
+                logits = self.model.logits(h[n:])
+                rest = []
+            else:
+                tokens[greedy] = self.greedy_head(h[greedy])
+                logits = self.model.logits(_without_rows(h, greedy))  # every other row, in order
+                screened = set(greedy)
+                rest = [i for i in range(n) if i not in screened]
+        else:
+            logits = self.model.logits(h)
+            if len(greedy) == n:  # argmax on the device: nothing waits for the host
+                tokens = logits[:n].argmax(dim=-1)
+                rest = []
+            else:
+                rest = list(range(n))
+        if rest:
+            params = [requests[i].params for i in rest]
+            # the index of the token drawn: a pure function of the position, whatever has landed
+            output_indices = [int(inputs.sample_ends[i]) - requests[i].num_prompt_tokens for i in rest]
+            drawn, row_logprobs = self.sampler(logits[: len(rest)], params, output_indices)
+            tokens[torch.tensor(rest, device=h.device)] = torch.tensor(drawn, device=h.device)
+            for j, value in row_logprobs.items():
+                result.sampled_logprobs[requests[rest[j]].request_id] = value
+        scoring.compute_logprobs(inputs.scores, logits, len(rest), result)
+        return tokens
+
+    def _greedy_rows(self, requests: list) -> list[int]:
+        """The sample rows whose token is the argmax and that ask for no log-probability."""
+        distinct = {id(p): p for p in map(_params, requests)}
+        if len(distinct) == 1:  # the common bulk case: one SamplingParams object for all
+            p = next(iter(distinct.values()))
+            return list(range(len(requests))) if p.greedy and not p.logprobs else []
+        return [i for i, r in enumerate(requests) if r.params.greedy and not r.params.logprobs]
 
     def _to_device(self, inputs: StepInputs) -> StepInputs:
         md = inputs.metadata
         query_start_loc, seq_lens = md.query_start_loc, md.seq_lens  # host copies for the plan
-        if self.device.type != "cpu":
+        if self.device.type != "cpu":  # from pinned staging copies, so the copies are asynchronous
             for name in ("positions", "slot_mapping", "block_tables", "query_start_loc", "seq_lens"):
-                setattr(md, name, getattr(md, name).to(self.device, non_blocking=True))
-            inputs.input_ids = inputs.input_ids.to(self.device, non_blocking=True)
-            inputs.logits_indices = inputs.logits_indices.to(self.device, non_blocking=True)
+                setattr(md, name, getattr(md, name).pin_memory().to(self.device, non_blocking=True))
+            inputs.input_ids = inputs.input_ids.pin_memory().to(self.device, non_blocking=True)
+            inputs.logits_indices = inputs.logits_indices.pin_memory().to(self.device, non_blocking=True)
         if self.ops.backend == "reference":
             md.plan = plan_attention(md.block_tables, query_start_loc, seq_lens, self.block_size, self.dtype)
         return inputs
 
-    def _sample(
-        self, inputs: StepInputs, logits: torch.Tensor, screened: dict[int, int], result: RunnerOutput
-    ) -> None:
-        """screened: sample row -> the greedy head's token; the other sample rows are logits' first rows."""
-        requests = inputs.sample_requests
-        rest = [i for i in range(len(requests)) if i not in screened]
-        tokens, logprobs = dict(screened), {}
-        if rest:
-            params = [requests[i].params for i in rest]
-            output_indices = [requests[i].num_output_tokens for i in rest]
-            drawn, row_logprobs = self.sampler(logits[: len(rest)], params, output_indices)
-            tokens.update(zip(rest, drawn, strict=True))
-            logprobs = {rest[j]: value for j, value in row_logprobs.items()}
-        for i, r in enumerate(requests):
-            result.sampled[r.request_id] = tokens[i]
-            if i in logprobs:
-                result.sampled_logprobs[r.request_id] = logprobs[i]
-
-    def _score(self, inputs: StepInputs, logits: torch.Tensor, screened: int, result: RunnerOutput) -> None:
-        spans = inputs.score_spans
-        if not spans:
-            return
-        first = spans[0].first_row
-        targets = torch.tensor([t for s in spans for t in s.targets], device=logits.device)
-        at = first - screened  # the screened rows precede every scoring row and have no logits
-        rows = logits[at : at + len(targets)].log_softmax(dim=-1)
-        values = rows.gather(1, targets[:, None]).squeeze(1).tolist()
-        for s in spans:
-            start = s.first_row - first
-            result.score_logprobs[s.request.request_id] = values[start : start + len(s.targets)]
-
-    def _score_first_tokens(self, inputs: StepInputs, logits: torch.Tensor, result: RunnerOutput) -> None:
-        """One log_softmax row per scoring parent (its last prompt row), K gathers from it."""
-        requests = inputs.first_token_requests
-        if not requests:
-            return
-        first = logits.shape[0] - len(requests)
-        rows = logits[first:].float().log_softmax(dim=-1)
-        row_index = [i for i, r in enumerate(requests) for _ in r.first_token_ids]
-        tokens = [t for r in requests for t in r.first_token_ids]
-        index = torch.tensor(row_index, device=logits.device), torch.tensor(tokens, device=logits.device)
-        values = rows[index].tolist()
-        start = 0
-        for r in requests:
-            end = start + len(r.first_token_ids)
-            result.first_token_logprobs[r.request_id] = values[start:end]
-            start = end
-
     @torch.inference_mode()
     def _profile_activation_bytes(self) -> int:
-        """Peak extra device memory of a step at the full token budget (as one prompt chunk)."""
+        """Peak extra device memory of a step at the full token budget: one prompt chunk whose
+        every row is scored (a long continuation), so its logits and log_softmax are all there."""
         from bulkrun.engine.params import SamplingParams
         from bulkrun.engine.request import Request
         from bulkrun.engine.scheduler import ScheduledRequest
+        from bulkrun.engine.step_inputs import build_step_inputs
 
         cfg = self.model.cfg
-        tokens = max(1, min(self.config.max_num_batched_tokens, self.max_model_len))
+        tokens = max(1, min(self.limits.max_num_batched_tokens, self.max_model_len))
         num_blocks = -(-tokens // self.block_size)
         scratch = KVCache(cfg, num_blocks, self.block_size, self.dtype, self.device)
         request = Request(
             "profile", SamplingParams(), [0] * tokens, tokens, arrival=0, block_table=list(range(num_blocks))
         )
-        inputs = self._to_device(
-            build_step_inputs([ScheduledRequest(request, tokens, False)], self.block_size)
-        )
-        rows = min(tokens, self.config.max_num_seqs)
-        inputs.logits_indices = torch.arange(tokens - rows, tokens, device=self.device)
+        inputs = self._to_device(build_step_inputs([ScheduledRequest(request, tokens, False)], self.block_size))
+        inputs.logits_indices = torch.arange(tokens, device=self.device)
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
         logits = self.model(inputs.input_ids, inputs.metadata, scratch.layers, inputs.logits_indices)
-        logits.log_softmax(dim=-1)
+        logits.float().log_softmax(dim=-1)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - before
         del scratch, logits, inputs
@@ -180,3 +216,25 @@ def _without_rows(h: torch.Tensor, rows: list[int]) -> torch.Tensor:
     keep = torch.ones(h.shape[0], dtype=torch.bool, device=h.device)
     keep[rows] = False
     return h[keep]
+
+
+class StepHandle:
+    """A launched step: result() waits for its sampled tokens and returns the RunnerOutput."""
+
+    def __init__(self, result: RunnerOutput, tokens: torch.Tensor | None = None, ids: list[str] = ()):
+        self._result, self._ids = result, ids
+        self._tokens = tokens
+        self._event = None
+        if tokens is not None and tokens.is_cuda:  # copy back without blocking; wait in result()
+            self._tokens = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            self._tokens.copy_(tokens, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def result(self) -> RunnerOutput:
+        if self._tokens is not None:
+            if self._event is not None:
+                self._event.synchronize()
+            self._result.sampled = dict(zip(self._ids, self._tokens.tolist()))
+            self._tokens = None
+        return self._result

@@ -11,36 +11,89 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from bulkrun.engine.block_pool import BlockPool, extend_block_hashes
+from bulkrun.engine import scoring
+from bulkrun.engine.block_pool import BlockPool
+from bulkrun.engine.kv_cache_manager import KVCacheManager
 from bulkrun.engine.params import EngineRequest
 from bulkrun.engine.request import Request, RequestKind, RequestStatus, validate_engine_request
 from bulkrun.engine.runner_output import RunnerOutput
+from bulkrun.engine.scoring import ScoringEvent
 
 
 @dataclass(slots=True)
 class ScheduledRequest:
-    """Compute token_ids[num_computed_tokens : num_computed_tokens + num_tokens] of `request`.
+    """Compute token_ids[start : start + num_tokens] of `request` (a view of one SchedulerOutput row).
 
-    `sample` is True when this chunk reaches the end of token_ids and the request generates: the
-    runner then samples one new token for it. The request's num_computed_tokens is advanced only
-    after the runner has executed the step (Scheduler.update), so the runner reads it unchanged.
+    `sample` is True when this chunk reaches the end of the request's tokens and it generates: the
+    runner then samples one new token for it. `start` defaults to the request's
+    num_computed_tokens (for steps built by hand).
     """
 
     request: Request
     num_tokens: int
     sample: bool
+    start: int = -1
+
+    def __post_init__(self) -> None:
+        if self.start < 0:
+            self.start = self.request.num_computed_tokens
 
 
-@dataclass(slots=True)
 class SchedulerOutput:
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)  # lost their blocks this step
-    failed: list[tuple[Request, str]] = field(default_factory=list)  # can never fit: (request, why)
-    # ids of requests that left since the previous step (finished, failed or preempted), so a
-    # runner that keeps per-request state can drop it
-    released_request_ids: list[str] = field(default_factory=list)
-    num_scheduled_tokens: int = 0
-    num_prefix_hit_tokens: int = 0  # tokens newly served from the prefix cache at admission
+    """One step's work as parallel per-row lists (cheap to build and to read at 1,000 rows), plus
+    what changed in the queues."""
+
+    __slots__ = (
+        "requests", "starts", "num_tokens", "samples", "preempted", "failed", "released_request_ids",
+        "num_scheduled_tokens", "num_decode_tokens", "num_prefix_hit_tokens", "step_index",
+    )  # fmt: skip
+
+    def __init__(self, scheduled: Iterable[ScheduledRequest] = (), **fields):
+        self.requests: list[Request] = []
+        self.starts: list[int] = []  # first position each row computes
+        self.num_tokens: list[int] = []
+        self.samples: list[bool] = []
+        self.preempted: list[Request] = fields.pop("preempted", [])  # lost their blocks this step
+        # can never fit: (request, why)
+        self.failed: list[tuple[Request, str]] = fields.pop("failed", [])
+        # ids of requests that left since the previous step (finished, failed or preempted), so a
+        # runner that keeps per-request state can drop it
+        self.released_request_ids: list[str] = fields.pop("released_request_ids", [])
+        self.num_decode_tokens = 0  # rows computing one token past the prompt
+        self.num_prefix_hit_tokens = 0  # tokens newly served from the prefix cache at admission
+        self.step_index = fields.pop("step_index", 0)
+        if fields:
+            raise TypeError(f"unknown SchedulerOutput fields: {sorted(fields)}")
+        self.num_scheduled_tokens = 0
+        self.scheduled = scheduled
+
+    @property
+    def scheduled(self) -> list[ScheduledRequest]:
+        return [
+            ScheduledRequest(*row)
+            for row in zip(self.requests, self.num_tokens, self.samples, self.starts, strict=True)
+        ]
+
+    @scheduled.setter
+    def scheduled(self, items: Iterable[ScheduledRequest]) -> None:
+        items = list(items)
+        self.requests = [s.request for s in items]
+        self.starts = [s.start for s in items]
+        self.num_tokens = [s.num_tokens for s in items]
+        self.samples = [s.sample for s in items]
+        self.num_scheduled_tokens = sum(self.num_tokens)
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def add(self, req: Request, start: int, n: int, sample: bool) -> None:
+        self.requests.append(req)
+        self.starts.append(start)
+        self.num_tokens.append(n)
+        self.samples.append(sample)
+        self.num_scheduled_tokens += n
+        if n == 1 and start >= req.num_prompt_tokens:
+            self.num_decode_tokens += 1
 
 
 class Scheduler:
@@ -50,6 +103,10 @@ class Scheduler:
     requests still prefilling, then newly admitted waiting requests, all within the step's token
     budget. When blocks run out the most recently admitted running request is preempted: it loses
     its blocks, keeps its tokens, and goes back to the front of the waiting queue.
+
+    A scheduled chunk advances the request's num_computed_tokens at once (and marks its sampled
+    token pending), so the next step can be scheduled before this one's results land (async
+    scheduling); results for a request preempted or finished in between are dropped.
     """
 
     def __init__(
@@ -62,6 +119,7 @@ class Scheduler:
         eos_token_ids: Iterable[int] = (),
     ):
         self.pool = pool
+        self.kv = KVCacheManager(pool)
         self.block_size = pool.block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -76,6 +134,7 @@ class Scheduler:
         self._released_ids: list[str] = []
         self._live_ids: set[str] = set()
         self._arrivals = 0
+        self._steps = 0
         self.num_preemptions = 0
         self.num_prefix_hit_tokens = 0  # tokens served from the prefix cache, all admissions
 
@@ -90,12 +149,17 @@ class Scheduler:
         prompt = [int(t) for t in req.prompt_token_ids]
         request = Request(req.request_id, req.params, prompt, len(prompt), self._next_arrival())
         self._live_ids.add(req.request_id)
+        params = req.params
+        request.stop_token_set = frozenset(params.stop_token_ids) | (
+            frozenset() if params.ignore_eos else self.eos_token_ids
+        )
+        request.length_limit = min(len(prompt) + params.max_tokens, self.max_seq_len)
         if req.continuations is not None:
-            self._setup_scoring(request, req.continuations)
+            scoring.start_scoring(request, req.continuations, self._unique_id)
         problem = self._never_fits(request, req.continuations)
         if problem is not None:
             self._failed.append((request, problem))
-        elif request.generates and req.params.max_tokens == 0:
+        elif request.generates and params.max_tokens == 0:
             request.finish_reason = "length"
             self._finished_early.append(request)
         else:
@@ -106,31 +170,6 @@ class Scheduler:
         self._arrivals += 1
         return self._arrivals
 
-    def _setup_scoring(self, parent: Request, continuations: list[list[int]]) -> None:
-        # The parent computes the whole prompt; its last row scores every continuation's first
-        # token. Only longer continuations need a child, which scores cont[1:] on top of the
-        # parent's full blocks (recomputing the partial last block and cont[:-1]).
-        prompt_len = parent.num_prompt_tokens
-        parent.kind = RequestKind.SCORE_PARENT
-        parent.compute_limit = prompt_len
-        parent.first_token_ids = [int(cont[0]) for cont in continuations]
-        parent.continuation_lengths = [len(cont) for cont in continuations]
-        parent.children = [
-            Request(
-                self._unique_id(f"{parent.request_id}::cont{i}"),
-                parent.params,
-                parent.token_ids + [int(t) for t in cont],
-                prompt_len,
-                parent.arrival,
-                kind=RequestKind.SCORE_CHILD,
-                compute_limit=prompt_len + len(cont) - 1,
-                score_start=prompt_len + 1,
-                parent=parent,
-            )
-            for i, cont in enumerate(continuations)
-            if len(cont) > 1
-        ]
-
     def _unique_id(self, request_id: str) -> str:
         while request_id in self._live_ids:
             request_id += "'"
@@ -138,11 +177,11 @@ class Scheduler:
         return request_id
 
     def _never_fits(self, req: Request, continuations: list[list[int]] | None) -> str | None:
-        n = req.num_prompt_tokens
         if continuations is not None:
-            n += max(len(c) for c in continuations) - 1  # the last token is scored, not computed
+            n = scoring.positions_needed(req.num_prompt_tokens, continuations)
             what = "prompt + longest continuation"
         else:
+            n = req.num_prompt_tokens
             what = "prompt"
         if n > self.max_model_len:
             return f"{what} needs {n} positions; the model's context is {self.max_model_len} tokens"
@@ -170,90 +209,101 @@ class Scheduler:
     # ---- one step -------------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput(failed=self._failed, released_request_ids=self._released_ids)
+        self._steps += 1
+        step = self._steps
+        out = SchedulerOutput(failed=self._failed, released_request_ids=self._released_ids, step_index=step)
         self._failed, self._released_ids = [], []
         for req, why in out.failed:
             self._finish(req, "error", error=why)
         budget = self.max_num_batched_tokens
-        scheduled_ids: set[int] = set()  # id() of requests scheduled this step
         chunks: list[Request] = []  # running requests with more than one token to compute
         running = self.running
+        bs = self.block_size
+        # The steady-decode path: a few attribute reads and list appends per sequence; a block is
+        # allocated once every block_size steps.
+        rows, starts, sizes, samples = out.requests, out.starts, out.num_tokens, out.samples
+        decodes = 0
         i = 0
         while i < len(running) and budget > 0:  # decodes first, oldest first
             req = running[i]
             i += 1
-            if req.num_remaining_tokens != 1:
-                chunks.append(req)
-                continue
-            if self._grow_or_preempt(req, 1, scheduled_ids, out):
-                budget -= self._schedule(req, 1, scheduled_ids, out)
-            else:  # it is the newest and nothing is left to take from: it yields itself
-                running.pop()
+            computed = req.num_computed_tokens
+            limit = req.compute_limit
+            if limit is None:  # generating
+                known = len(req.token_ids) + req.num_pending_tokens
+                if known >= req.length_limit:
+                    continue  # its last token is in flight: it finishes when that lands
+                remaining = known - computed
+            else:
+                remaining = limit - computed
+            if remaining != 1:
+                if remaining > 1:
+                    chunks.append(req)
+                continue  # 0: its last chunk is in flight
+            if computed >= len(req.block_table) * bs and not self._grow_or_preempt(req, 1, out):
+                running.pop()  # it is the newest and nothing is left to take from: it yields itself
                 self._preempt(req, out)
                 break
+            rows.append(req)
+            starts.append(computed)
+            sizes.append(1)
+            req.num_computed_tokens = computed + 1
+            req.scheduled_in_step = step
+            if limit is None:
+                samples.append(True)
+                req.num_pending_tokens += 1
+                decodes += computed >= req.num_prompt_tokens
+            else:
+                samples.append(False)
+            budget -= 1
+        out.num_scheduled_tokens += len(rows)
+        out.num_decode_tokens += decodes
         for req in chunks:  # then prompt chunks of requests already running
             if budget <= 0:
                 break
             if req.status is not RequestStatus.RUNNING:
                 continue  # preempted above
             n = min(req.num_remaining_tokens, budget)
-            if not self._grow_or_preempt(req, n, scheduled_ids, out):
-                n = min(n, self._room_for(req))  # what the free blocks allow
-                if n <= 0 or not self._grow(req, n):
+            if not self._grow_or_preempt(req, n, out):
+                n = min(n, self.kv.room_for(req))  # what the free blocks allow
+                if n <= 0 or self.kv.allocate_slots(req, n) is None:
                     continue
-            budget -= self._schedule(req, n, scheduled_ids, out)
+            budget -= self._schedule(req, n, out)
         if not out.preempted:
-            self._admit(budget, scheduled_ids, out)
+            self._admit(budget, out)
         return out
 
-    def _schedule(self, req: Request, n: int, scheduled_ids: set[int], out: SchedulerOutput) -> int:
-        sample = req.generates and req.num_computed_tokens + n == len(req.token_ids)
-        out.scheduled.append(ScheduledRequest(req, n, sample))
-        out.num_scheduled_tokens += n
-        scheduled_ids.add(id(req))
+    def _schedule(self, req: Request, n: int, out: SchedulerOutput) -> int:
+        start = req.num_computed_tokens
+        sample = req.generates and start + n == req.num_target_tokens
+        out.add(req, start, n, sample)
+        req.num_computed_tokens = start + n
+        req.scheduled_in_step = out.step_index
+        if sample:
+            req.num_pending_tokens += 1
         return n
 
-    def _grow(self, req: Request, n: int) -> bool:
-        """Make req's block table cover n more computed tokens; False if blocks are short."""
-        need = -(-(req.num_computed_tokens + n) // self.block_size) - len(req.block_table)
-        if need <= 0:
-            return True
-        blocks = self.pool.allocate(need)
-        if blocks is None:
-            return False
-        req.block_table.extend(blocks)
-        return True
-
-    def _room_for(self, req: Request) -> int:
-        slots = (len(req.block_table) + self.pool.num_free_blocks) * self.block_size
-        return slots - req.num_computed_tokens
-
-    def _grow_or_preempt(self, req: Request, n: int, scheduled_ids: set[int], out: SchedulerOutput) -> bool:
-        """Grow req, preempting the newest running requests not yet scheduled this step."""
-        while not self._grow(req, n):
+    def _grow_or_preempt(self, req: Request, n: int, out: SchedulerOutput) -> bool:
+        """Make room for n more tokens of req, preempting the newest running requests not yet
+        scheduled this step."""
+        while self.kv.allocate_slots(req, n) is None:
             victim = self.running[-1]
-            if victim is req or id(victim) in scheduled_ids:
-                return self._reclaim_from_waiting() and self._grow(req, n)
+            if victim is req or victim.scheduled_in_step == out.step_index:
+                return self._reclaim_from_waiting() and self.kv.allocate_slots(req, n) is not None
             self.running.pop()
             self._preempt(victim, out)
         return True
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
-        self._release_blocks(req)
+        self.kv.free(req)
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
-        req.score_logprobs.clear()  # a scoring child recomputes (and rescores) from scratch
-        req.first_token_logprobs.clear()  # as does a scoring parent
+        req.num_pending_tokens = 0  # a token in flight is dropped and sampled again on recompute
+        scoring.forget_results(req)
         self.waiting.appendleft(req)
         self.num_preemptions += 1
         out.preempted.append(req)
         self._released_ids.append(req.request_id)
-
-    def _release_blocks(self, req: Request) -> None:
-        self.pool.free(reversed(req.block_table))  # tail first: evicted before shared prefixes
-        req.block_table = []
-        req.num_computed_tokens = 0
-        req.num_hashed_blocks = 0
 
     def _reclaim_from_waiting(self) -> bool:
         """Free blocks held by waiting requests (forked scoring children): the last resort when
@@ -261,74 +311,43 @@ class Scheduler:
         freed = False
         for req in self.waiting:
             if req.block_table:
-                self._release_blocks(req)
+                self.kv.free(req)
                 freed = True
         return freed
 
     # ---- admission ------------------------------------------------------------------------------
 
-    def _admit(self, budget: int, scheduled_ids: set[int], out: SchedulerOutput) -> None:
+    def _admit(self, budget: int, out: SchedulerOutput) -> None:
         bs = self.block_size
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
-            hits = self._prefix_hits(req)
+            hits = self.kv.get_computed_blocks(req)  # stop short of a row whose logits are needed
             hit_tokens = len(hits) * bs
-            remaining = req.num_remaining_tokens - hit_tokens
-            n = min(remaining, budget)
-            computed_after = req.num_computed_tokens + hit_tokens + n
-            need = -(-computed_after // bs) - len(req.block_table) - len(hits)
-            if need > self.pool.num_free_after_sharing(hits):
+            n = min(req.num_remaining_tokens - hit_tokens, budget)
+            if self.kv.allocate_slots(req, n, hits) is None:
                 # Waiting scoring children may hold shared blocks; with nothing running they
                 # are all that stands in the way, and the head always fits the cache alone.
                 if self.running or not self._reclaim_from_waiting():
                     return
                 continue
             self.waiting.popleft()
-            self._take_hits(req, hits, out)  # hits stop short of a row whose logits are needed
-            self._grow(req, n)
+            if hit_tokens:
+                if req.num_preemptions == 0:
+                    req.num_cached_tokens = hit_tokens
+                out.num_prefix_hit_tokens += hit_tokens
+                self.num_prefix_hit_tokens += hit_tokens
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            budget -= self._schedule(req, n, scheduled_ids, out)
-
-    def _prefix_hits(self, req: Request) -> list[int]:
-        """Cached blocks that extend req's computed prefix. Capped so that every token whose
-        logits are needed (the last one when generating, the scored ones) is recomputed."""
-        if not self.pool.enable_prefix_caching:
-            return []
-        if req.kind is RequestKind.SCORE_CHILD:
-            limit = req.score_start - 1
-        else:  # generating or scoring first tokens: the last prompt row is recomputed
-            limit = len(req.token_ids) - 1
-        start, stop = len(req.block_table), limit // self.block_size
-        if stop <= start:
-            return []
-        extend_block_hashes(req.block_hashes, req.token_ids, stop, self.block_size)
-        return self.pool.lookup_prefix(req.block_hashes[start:stop])
-
-    def _take_hits(self, req: Request, hits: list[int], out: SchedulerOutput) -> None:
-        if not hits:
-            return
-        self.pool.share(hits)
-        req.block_table.extend(hits)
-        hit_tokens = len(hits) * self.block_size
-        req.num_computed_tokens += hit_tokens
-        req.num_hashed_blocks = len(req.block_table)
-        if req.num_preemptions == 0:
-            req.num_cached_tokens = hit_tokens
-        out.num_prefix_hit_tokens += hit_tokens
-        self.num_prefix_hit_tokens += hit_tokens
+            budget -= self._schedule(req, n, out)
 
     def _fork(self, parent: Request) -> None:
         """The parent's full blocks now hold the prompt prefix: hand them to the children (by
         reference count, independent of the prefix cache) and queue the children first. The
         partial last block is the parent's alone and is freed; each child recomputes it."""
-        shared = parent.block_table[: parent.num_computed_tokens // self.block_size]
+        full = parent.num_computed_tokens // self.block_size
         for child in parent.children:
-            self.pool.share(shared)
-            child.block_table = list(shared)
-            child.num_computed_tokens = len(shared) * self.block_size
-            child.num_hashed_blocks = len(shared)
-        self._release_blocks(parent)
+            self.kv.share_prefix(parent, child, full)
+        self.kv.free(parent)
         parent.status = RequestStatus.FORKED
         parent.num_live_children = len(parent.children)
         self.waiting.extendleft(reversed(parent.children))
@@ -342,66 +361,56 @@ class Scheduler:
         finished += self._finished_early
         self._finished_early = []
         left_running = False
-        for item in out.scheduled:
-            req = item.request
-            req.num_computed_tokens += item.num_tokens
-            if self.pool.enable_prefix_caching:
-                self._publish_full_blocks(req)
-            if item.sample:
-                self._append_token(req, result, finished)
-            elif req.kind is RequestKind.SCORE_CHILD:
-                self._add_scores(req, result, finished)
-            elif req.kind is RequestKind.SCORE_PARENT and req.num_remaining_tokens == 0:
-                self._end_parent_prompt(req, result, finished)
-            left_running = left_running or req.status is not RequestStatus.RUNNING
+        running = RequestStatus.RUNNING
+        caching = self.pool.enable_prefix_caching
+        bs = self.block_size
+        sampled = result.sampled
+        for req, start, n, sample in zip(out.requests, out.starts, out.num_tokens, out.samples):
+            if req.status is not running:
+                continue  # preempted or finished since it was scheduled: its results are void
+            end = start + n
+            if sample:
+                token = sampled[req.request_id]
+                ids = req.token_ids
+                ids.append(token)
+                req.num_pending_tokens -= 1
+                if caching and end >= (req.num_hashed_blocks + 1) * bs:
+                    self.kv.cache_full_blocks(req, end)
+                if token in req.stop_token_set:
+                    reason = "stop"
+                elif len(ids) >= req.length_limit:
+                    reason = "length"
+                else:
+                    if req.params.logprobs:
+                        req.output_logprobs.append(result.sampled_logprobs[req.request_id])
+                    continue
+                if req.params.logprobs:
+                    req.output_logprobs.append(result.sampled_logprobs[req.request_id])
+                self._finish(req, reason)
+                finished.append(req)
+                left_running = True
+                continue
+            if caching and end >= (req.num_hashed_blocks + 1) * bs:
+                self.kv.cache_full_blocks(req, end)
+            if req.kind is not RequestKind.GENERATE:
+                self._apply_scoring(req, end, result, finished)
+                left_running = left_running or req.status is not running
         if left_running:
-            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+            self.running = [r for r in self.running if r.status is running]
         return finished
 
-    def _publish_full_blocks(self, req: Request) -> None:
-        full = req.num_computed_tokens // self.block_size
-        if full <= req.num_hashed_blocks:
-            return
-        extend_block_hashes(req.block_hashes, req.token_ids, full, self.block_size)
-        for i in range(req.num_hashed_blocks, full):
-            self.pool.cache_block(req.block_table[i], req.block_hashes[i])
-        req.num_hashed_blocks = full
-
-    def _append_token(self, req: Request, result: RunnerOutput, finished: list[Request]) -> None:
-        token = result.sampled[req.request_id]
-        req.token_ids.append(token)
-        params = req.params
-        if params.logprobs:
-            req.output_logprobs.append(result.sampled_logprobs[req.request_id])
-        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
-            reason = "stop"
-        elif req.num_output_tokens >= params.max_tokens or len(req.token_ids) >= self.max_seq_len:
-            reason = "length"
-        else:
-            return
-        self._finish(req, reason)
-        finished.append(req)
-
-    def _end_parent_prompt(self, parent: Request, result: RunnerOutput, finished: list[Request]) -> None:
-        parent.first_token_logprobs = result.first_token_logprobs[parent.request_id]
-        if parent.children:
-            self._fork(parent)
-        else:  # single-token continuations only: scored by the prompt alone
-            self._finish(parent, "scored")
-            finished.append(parent)
-
-    def _add_scores(self, child: Request, result: RunnerOutput, finished: list[Request]) -> None:
-        scores = result.score_logprobs.get(child.request_id)
-        if scores:
-            child.score_logprobs.extend(scores)
-        if child.num_remaining_tokens > 0:
-            return
-        self._finish(child, "scored")
-        parent = child.parent
-        parent.num_live_children -= 1
-        if parent.num_live_children == 0:
-            self._finish(parent, "scored")
-            finished.append(parent)
+    def _apply_scoring(self, req: Request, end: int, result: RunnerOutput, finished: list[Request]) -> None:
+        event = scoring.apply_results(req, end, result)
+        if event is ScoringEvent.FORK:
+            self._fork(req)
+        elif event is ScoringEvent.PARENT_DONE:
+            self._finish(req, "scored")
+            finished.append(req)
+        elif event is ScoringEvent.CHILD_DONE:
+            self._finish(req, "scored")
+            if scoring.child_finished(req):
+                self._finish(req.parent, "scored")
+                finished.append(req.parent)
 
     def fail_stalled(self) -> list[Request]:
         """Last-resort guard against a hang: if a step could schedule nothing although work is
@@ -430,11 +439,11 @@ class Scheduler:
             self.waiting.remove(req)
 
     def _finish(self, req: Request, reason: str, error: str | None = None) -> None:
-        if req.block_table:
-            self._release_blocks(req)
+        self.kv.free(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         req.error = error
+        req.num_pending_tokens = 0
         self._live_ids.discard(req.request_id)
         for child in req.children:
             self._live_ids.discard(child.request_id)

@@ -1,26 +1,26 @@
-"""Turn one SchedulerOutput into the flat tensors of a packed step (once per step, no padding).
+"""Turn one SchedulerOutput into the flat tensors of a packed step, from persistent host state.
 
-Python lists are gathered in one pass over the scheduled requests; everything per-token (positions,
-slot mapping) is then computed with a few vectorised tensor ops rather than per-token Python.
-Logits are requested only for rows that sample or score, so the LM head runs on those rows alone.
+StepState keeps every running request's block table in one preallocated array (a row per request,
+kept across steps: a step copies only the blocks appended since the last one) and builds the
+step's positions, slot mapping and lengths with a few numpy operations over all rows, so the
+per-request Python work of a decode step is a handful of list operations. Logits are requested
+only for rows that sample or score, so the LM head runs on those rows alone.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import compress
 
+import numpy as np
 import torch
 
-from bulkrun.model.attention_metadata import AttentionMetadata
 from bulkrun.engine.request import Request
-from bulkrun.engine.scheduler import ScheduledRequest
+from bulkrun.engine.scheduler import ScheduledRequest, SchedulerOutput
+from bulkrun.engine.scoring import ScoreRows, ScoreSpan
+from bulkrun.model.attention_metadata import AttentionMetadata
 
-
-@dataclass(slots=True)
-class ScoreSpan:
-    request: Request
-    first_row: int  # into the logits rows
-    targets: list[int]  # token_ids[p + 1] for each scored position p, in position order
+__all__ = ["ScoreSpan", "StepInputs", "StepState", "build_step_inputs"]
 
 
 @dataclass(slots=True)
@@ -29,71 +29,150 @@ class StepInputs:
     metadata: AttentionMetadata
     logits_indices: torch.Tensor  # [N] int64: packed rows whose logits are needed
     sample_requests: list[Request]  # logits rows 0 .. len-1, in this order
-    score_spans: list[ScoreSpan]  # rows after the sampled ones
-    # scoring parents whose last prompt row is computed this step: one logits row each, after the
-    # score spans' rows, to score every continuation's first token
-    first_token_requests: list[Request] = field(default_factory=list)
+    scores: ScoreRows = field(default_factory=ScoreRows)  # rows after the sampled ones
+    num_rows: int = 0  # sequences in the step
+    decode_only: bool = False  # every sequence computes exactly one token
+    sample_ends: np.ndarray | None = None  # per sample row: the position of the token it samples
+    # (packed index, row among the previous step's sampled tokens): inputs the runner fills in
+    pending_inputs: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def score_spans(self) -> list[ScoreSpan]:
+        return self.scores.spans
+
+    @property
+    def first_token_requests(self) -> list[Request]:
+        return self.scores.first_token_requests
+
+
+class StepState:
+    """Host-side state of the steps of one runner: block-table rows that persist across steps."""
+
+    def __init__(self, block_size: int, max_rows: int = 64, max_blocks_per_row: int = 16):
+        self.block_size = block_size
+        self.tables = np.zeros((max_rows, max_blocks_per_row), dtype=np.int32)
+        self.filled = [0] * max_rows  # blocks of each row copied so far
+        # keyed by the request object (a new request reusing a finished one's id gets its own row)
+        self.row_of: dict[Request, int] = {}
+        self.request_of: dict[str, Request] = {}
+        self.free_rows = list(range(max_rows - 1, -1, -1))
+
+    def release(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            req = self.request_of.pop(rid, None)
+            row = self.row_of.pop(req, None)
+            if row is not None:
+                self.filled[row] = 0
+                self.free_rows.append(row)
+
+    def _assign(self, req: Request) -> int:
+        if not self.free_rows:
+            self._grow_rows()
+        row = self.free_rows.pop()
+        self.row_of[req] = row
+        self.request_of[req.request_id] = req
+        self.filled[row] = 0
+        return row
+
+    def _grow_rows(self) -> None:
+        old = self.tables.shape[0]
+        self.tables = np.concatenate([self.tables, np.zeros_like(self.tables)])
+        self.filled += [0] * old
+        self.free_rows.extend(range(2 * old - 1, old - 1, -1))
+
+    def _copy_table(self, row: int, table: list[int]) -> None:
+        have = self.filled[row]
+        if len(table) < have:  # not a growth (a new owner of the row): rewrite it
+            have = 0
+        if len(table) > self.tables.shape[1]:
+            wider = np.zeros((self.tables.shape[0], max(len(table), 2 * self.tables.shape[1])), np.int32)
+            wider[:, : self.tables.shape[1]] = self.tables
+            self.tables = wider
+        self.tables[row, have : len(table)] = table[have:]
+        self.filled[row] = len(table)
+
+    def build(self, sched: SchedulerOutput, pending: dict[str, int]) -> StepInputs:
+        """Host (CPU) tensors of the step. `pending`: request id -> the row, among the previous
+        step's sampled tokens, of the token at a position the scheduler has not appended yet
+        (async scheduling): its input id is left 0 and listed in StepInputs.pending_inputs."""
+        self.release(sched.released_request_ids)
+        requests, starts, sizes = sched.requests, sched.starts, sched.num_tokens
+        row_of, filled = self.row_of, self.filled
+        rows: list[int] = []
+        ids: list[int] = []
+        scoring: list[int] = []  # indexes of scoring rows
+        late: list[tuple[int, int]] = []  # (packed index, previous sample row)
+        for i, (r, start, n) in enumerate(zip(requests, starts, sizes)):
+            row = row_of.get(r)
+            if row is None:
+                row = self._assign(r)
+            table = r.block_table
+            if len(table) != filled[row]:
+                self._copy_table(row, table)
+            rows.append(row)
+            tokens = r.token_ids
+            if start + n <= len(tokens):
+                if n == 1:
+                    ids.append(tokens[start])
+                else:
+                    ids.extend(tokens[start : start + n])
+            else:  # the last input is the token the previous step sampled, still in flight
+                ids.extend(tokens[start : start + n - 1])
+                late.append((len(ids), pending[r.request_id]))
+                ids.append(0)
+            if r.score_start is not None or r.first_token_ids is not None:
+                scoring.append(i)
+        inputs = self._tensors(sched, rows, ids, scoring)
+        inputs.pending_inputs = late
+        return inputs
+
+    def _tensors(self, sched: SchedulerOutput, rows: list[int], ids: list[int], scoring: list[int]) -> StepInputs:
+        bs = self.block_size
+        num_rows = len(rows)
+        rows_np = np.array(rows, dtype=np.int64)
+        start_np = np.array(sched.starts, dtype=np.int64)
+        size_np = np.array(sched.num_tokens, dtype=np.int64)
+        ends = np.cumsum(size_np)
+        total = int(ends[-1]) if num_rows else 0
+        decode_only = total == num_rows
+        if decode_only:
+            positions, seq_rows = start_np, rows_np
+        else:
+            seq_index = np.repeat(np.arange(num_rows), size_np)
+            positions = np.arange(total) - (ends - size_np - start_np)[seq_index]
+            seq_rows = rows_np[seq_index]
+        slots = self.tables[seq_rows, positions // bs].astype(np.int64) * bs + positions % bs
+        width = max(1, max(map(self.filled.__getitem__, rows), default=1))
+        query_start_loc = np.zeros(num_rows + 1, dtype=np.int32)
+        query_start_loc[1:] = ends
+        sample_mask = np.array(sched.samples, dtype=bool)
+        sample_rows = (ends - 1)[sample_mask] if num_rows else ends
+        scores = ScoreRows()
+        if scoring:
+            requests, starts, sizes = sched.requests, sched.starts, sched.num_tokens
+            for i in scoring:
+                scores.add(requests[i], starts[i], sizes[i], int(ends[i] - sizes[i]))
+            scores.shift(len(sample_rows))
+        logits_indices = np.concatenate([sample_rows, np.array(scores.rows, dtype=np.int64)])
+        metadata = AttentionMetadata(
+            positions=torch.from_numpy(positions),
+            slot_mapping=torch.from_numpy(slots),
+            block_tables=torch.from_numpy(self.tables[rows_np, :width]),
+            query_start_loc=torch.from_numpy(query_start_loc),
+            seq_lens=torch.from_numpy((start_np + size_np).astype(np.int32)),
+        )
+        return StepInputs(
+            input_ids=torch.from_numpy(np.array(ids, dtype=np.int64)),
+            metadata=metadata,
+            logits_indices=torch.from_numpy(logits_indices.astype(np.int64)),
+            sample_requests=list(compress(sched.requests, sched.samples)),
+            scores=scores,
+            num_rows=num_rows,
+            decode_only=decode_only,
+            sample_ends=(start_np + size_np)[sample_mask] if num_rows else ends,
+        )
 
 
 def build_step_inputs(scheduled: list[ScheduledRequest], block_size: int) -> StepInputs:
-    """CPU tensors for the step; the runner moves them to its device."""
-    ids: list[int] = []
-    starts, query_lens, tables = [], [], []
-    sample_rows, sample_requests = [], []
-    score_rows: list[int] = []
-    spans: list[ScoreSpan] = []
-    first_rows, first_requests = [], []
-    row = 0
-    for item in scheduled:
-        r, n = item.request, item.num_tokens
-        start = r.num_computed_tokens
-        ids.extend(r.token_ids[start : start + n])
-        starts.append(start)
-        query_lens.append(n)
-        tables.append(r.block_table)
-        if item.sample:
-            sample_rows.append(row + n - 1)
-            sample_requests.append(r)
-        if r.score_start is not None:
-            # positions p of this chunk with score_start <= p + 1 < len(token_ids)
-            lo, hi = max(start, r.score_start - 1), min(start + n, len(r.token_ids) - 1)
-            if hi > lo:
-                spans.append(ScoreSpan(r, len(score_rows), r.token_ids[lo + 1 : hi + 1]))
-                score_rows.extend(range(row + lo - start, row + hi - start))
-        if r.first_token_ids is not None and start + n == len(r.token_ids):
-            first_rows.append(row + n - 1)
-            first_requests.append(r)
-        row += n
-    for span in spans:
-        span.first_row += len(sample_rows)
-    metadata = _metadata(starts, query_lens, tables, block_size)
-    return StepInputs(
-        input_ids=torch.tensor(ids, dtype=torch.long),
-        metadata=metadata,
-        logits_indices=torch.tensor(sample_rows + score_rows + first_rows, dtype=torch.long),
-        sample_requests=sample_requests,
-        score_spans=spans,
-        first_token_requests=first_requests,
-    )
-
-
-def _metadata(starts: list[int], query_lens: list[int], tables: list[list[int]], block_size: int):
-    width = max((len(t) for t in tables), default=1) or 1
-    block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
-    block_tables = block_tables.view(len(tables), width)
-    lens = torch.tensor(query_lens, dtype=torch.long)
-    start_pos = torch.tensor(starts, dtype=torch.long)
-    query_start_loc = torch.zeros(len(query_lens) + 1, dtype=torch.int32)
-    torch.cumsum(lens, 0, out=query_start_loc[1:])
-    seq_index = torch.repeat_interleave(torch.arange(len(query_lens)), lens)
-    # position of packed row t = its sequence's first new position + (t - the sequence's first row)
-    offset = start_pos - query_start_loc[:-1].long()
-    positions = torch.arange(int(lens.sum())) + offset.index_select(0, seq_index)
-    blocks = block_tables.long()[seq_index, positions // block_size]
-    return AttentionMetadata(
-        positions=positions,
-        slot_mapping=blocks * block_size + positions % block_size,
-        block_tables=block_tables,
-        query_start_loc=query_start_loc,
-        seq_lens=(start_pos + lens).to(torch.int32),
-    )
+    """One step's inputs from fresh state (tests, profiling): CPU tensors."""
+    return StepState(block_size).build(SchedulerOutput(scheduled), pending={})

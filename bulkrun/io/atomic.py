@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from bulkrun.errors import OutputError
 
 TMP_PREFIX = ".tmp-"
 
@@ -27,21 +30,40 @@ def _tmp_path(target: Path) -> Path:
     return target.with_name(f"{TMP_PREFIX}{target.name}.{os.getpid()}")
 
 
+@contextmanager
+def writing(target: Path) -> Iterator[None]:
+    """Any OSError while writing `target` (a full disk, a read-only or vanished directory, a quota)
+    becomes OutputError (exit code 9): one line naming the path and the reason, no traceback."""
+    try:
+        yield
+    except OutputError:
+        raise
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise OutputError(f"cannot write '{target}': {reason}") from None
+
+
 def write_atomic(target: Path, write: Callable[[Path], None]) -> None:
     """Call write(tmp_path) to produce the file, then commit it as `target` atomically."""
     tmp = _tmp_path(target)
-    try:
-        write(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
+    with writing(target):
         try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(target.parent)
+            write(tmp)
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        fsync_dir(target.parent)
+
+
+def make_dirs(directory: Path) -> None:
+    with writing(directory):
+        directory.mkdir(parents=True, exist_ok=True)
 
 
 def write_text_atomic(target: Path, text: str) -> None:
@@ -55,19 +77,20 @@ def write_json_atomic(target: Path, data: dict) -> None:
 def create_exclusive(target: Path, text: str) -> bool:
     """Create `target` with `text` only if it does not exist yet (atomically); False if it existed."""
     tmp = _tmp_path(target)
-    tmp.write_text(text, encoding="utf-8")
-    try:
-        fd = os.open(tmp, os.O_RDONLY)
+    with writing(target):
         try:
-            os.fsync(fd)
+            tmp.write_text(text, encoding="utf-8")
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.link(tmp, target)  # fails if target exists: no window where a half file is visible
+        except FileExistsError:
+            return False
         finally:
-            os.close(fd)
-        os.link(tmp, target)  # fails if target exists: no window where a half file is visible
-    except FileExistsError:
-        return False
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_dir(target.parent)
+            tmp.unlink(missing_ok=True)
+        fsync_dir(target.parent)
     return True
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 
-from bulkrun.tasks.base import RowError
+from bulkrun.errors import RowError
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"

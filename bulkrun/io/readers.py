@@ -9,13 +9,13 @@ and CSV the 0-based record number.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from itertools import islice
 from pathlib import Path
 
-from bulkrun.errors import InputError
+from bulkrun.errors import InputError, RowError, UsageError
 from bulkrun.io.formats import CSV, JSONL, OPENAI, PARQUET
 from bulkrun.io.openai_batch import parse_request
-from bulkrun.tasks.base import RowError
 
 BATCH_ROWS = 1024  # Parquet/CSV record batch size: memory stays bounded whatever the file size
 
@@ -141,3 +141,34 @@ def count_rows(path: Path, fmt: str) -> int:
         return sum(batch.num_rows for batch in _csv_batches(path))
     with open(path, "rb") as f:
         return sum(1 for raw in f if raw.strip())
+
+
+def check_columns(path: Path, fmt: str, named: Mapping[str, str], window: int) -> None:
+    """Stop before any work when a field an option names (field -> option) is not in the input: not a
+    column of a Parquet/CSV file, or in no row of a JSONL file's first `window` rows. A typo in a
+    field name would otherwise cost the whole job in error records."""
+    if not named:
+        return
+    if fmt in (PARQUET, CSV):
+        columns = list(_parquet_columns(path) if fmt == PARQUET else csv_column_names(path))
+        where = "is not a column of"
+    else:
+        rows = [fields for _, fields in islice(read_rows(path, fmt), window) if isinstance(fields, dict)]
+        if not rows:
+            return  # nothing to judge by: bad rows become error records as usual
+        columns = list(dict.fromkeys(key for fields in rows for key in fields))
+        where = f"is in none of the first {len(rows)} rows of"
+    for field, option in named.items():
+        if field not in columns:
+            raise UsageError(
+                f"{option} '{field}' {where} input '{path}' (its fields: {', '.join(columns) or 'none'})"
+            )
+
+
+def _parquet_columns(path: Path) -> list[str]:
+    import pyarrow.parquet as pq
+
+    try:
+        return list(pq.read_schema(path).names)
+    except Exception as exc:  # pyarrow raises several types for a broken file
+        raise InputError(f"input '{path}' is not a readable Parquet file: {exc}") from None

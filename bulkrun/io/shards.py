@@ -3,11 +3,14 @@
 A shard is a Parquet file `<dir>/<prefix>-NNNNN.parquet` holding finished records sorted by input
 row, committed atomically. Whatever is committed is done; whatever is not is redone on the next run,
 so a kill -9 at any instant loses at most the records since the last commit and never duplicates one.
-Each shard stores its row range in the file metadata so a merge can open shards lazily.
+Each shard stores its row range in the file metadata so a merge can open shards lazily: the merge
+into input order opens a shard only when it reaches the shard's first row, so only the few shards
+whose ranges overlap are open at once, whatever the number of shards.
 """
 
 from __future__ import annotations
 
+import heapq
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bulkrun.io.atomic import remove_temporaries, write_atomic
+from bulkrun.io.atomic import make_dirs, remove_temporaries, write_atomic
 
 RESULTS_DIR = "shards"
 ERRORS_DIR = "errors"
@@ -30,7 +33,7 @@ class ShardWriter:
     def __init__(self, directory: Path, prefix: str = "part"):
         self.directory = directory
         self.prefix = prefix
-        directory.mkdir(parents=True, exist_ok=True)
+        make_dirs(directory)
         remove_temporaries(directory, prefix)
         self._next = 1 + max((n for p, n in _numbered(directory) if p == prefix), default=-1)
         self._buffer: list[dict] = []
@@ -90,3 +93,38 @@ def shard_rows(path: Path) -> list[int]:
 def iter_shard_records(path: Path, batch_rows: int = 256) -> Iterator[dict]:
     for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows):
         yield from batch.to_pylist()
+
+
+def merged_records(directory: Path, stats: dict | None = None) -> Iterator[dict]:
+    """Records of all shards in `directory`, ordered by row; a row committed twice is kept once."""
+    pending = sorted((shard_row_range(p)[0], str(p)) for p in shard_paths(directory))
+    pending.reverse()  # pop() from the end gives the shard with the smallest first row
+    heap: list[tuple[int, int, dict, Iterator[dict]]] = []
+    serial = 0  # tie-breaker: never compare dicts
+    last_row = None
+
+    def open_next() -> None:
+        nonlocal serial
+        _, path = pending.pop()
+        records = iter_shard_records(Path(path))
+        first = next(records, None)
+        if first is not None:
+            heapq.heappush(heap, (first["row"], serial, first, records))
+            serial += 1
+
+    while heap or pending:
+        while pending and (not heap or pending[-1][0] <= heap[0][0]):
+            open_next()
+        if not heap:
+            continue
+        row, _, record, records = heapq.heappop(heap)
+        nxt = next(records, None)
+        if nxt is not None:
+            heapq.heappush(heap, (nxt["row"], serial, nxt, records))
+            serial += 1
+        if row == last_row:
+            if stats is not None:
+                stats["duplicates"] = stats.get("duplicates", 0) + 1
+            continue
+        last_row = row
+        yield record

@@ -1,4 +1,5 @@
-"""The job loop: feed windows into the engine with backpressure, collect finished items, checkpoint.
+"""The job loop: the windows' requests go through the engine's one loop (Engine.stream, which feeds
+them as capacity allows); finished items become records; checkpoints commit them; a bar shows it.
 
 An item is finished when all its requests (e.g. --n samples) came back; then the task turns the
 outputs into a result record, or a RowError into an error record. Records are buffered in the shard
@@ -7,17 +8,18 @@ writers and committed at every checkpoint, and once more at the end (or on Ctrl-
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from bulkrun.engine.outputs import RequestOutput
+from bulkrun.engine.outputs import RequestOutput, StepStats
 from bulkrun.engine.params import EngineRequest
+from bulkrun.errors import RowError
 from bulkrun.io.shards import ShardWriter
-from bulkrun.io.windows import Prepared, error_record
-from bulkrun.job.feed import Window
+from bulkrun.job.feed import Prepared, Window, error_record
 from bulkrun.job.stats import RunStats
-from bulkrun.tasks.base import Item, RowError, Task
+from bulkrun.tasks.base import Item, Task
 
 HEARTBEAT_S = 60.0  # refresh the lock at least this often, commits or not
 
@@ -66,24 +68,15 @@ class Driver:
         self.on_step: Callable[[], None] = lambda: None
 
     def run(self, windows: Iterator[Window], checkpointer: Checkpointer) -> None:
-        feed = self._requests(windows)
-        exhausted = False
-        while True:
-            while not exhausted and self.engine.has_capacity():
-                request = next(feed, None)
-                if request is None:
-                    exhausted = True
-                else:
-                    self._add(request)
-            if not self.engine.has_unfinished():
-                if exhausted:
-                    break
-                continue  # every request of the window failed at add time
-            for output in self.engine.step():
-                self._on_output(output)
-            self.stats.on_step(self.engine.last_stats)
+        """Stream the windows' requests through the engine's one loop until every item is done."""
+
+        def after_step(step: StepStats) -> None:
+            self.stats.on_step(step)
             self.on_step()
             checkpointer.maybe(len(self.results) + len(self.errors))
+
+        for output in self.engine.stream(self._requests(windows), on_step=after_step):
+            self._on_output(output)
 
     def _requests(self, windows: Iterator[Window]) -> Iterator[EngineRequest]:
         for window in windows:
@@ -99,24 +92,15 @@ class Driver:
             request.request_id = f"{index}/{k}"
             yield request
 
-    def _add(self, request: EngineRequest) -> None:
-        try:
-            self.engine.add_request(request)
-        except ValueError as exc:
-            index, k = _split_id(request.request_id)
-            pending = self.pending[index]
-            pending.error = pending.error or RowError("invalid_request", str(exc))
-            self._arrived(index, k, None)
-
     def _on_output(self, output: RequestOutput) -> None:
         self.stats.on_output(output)
         index, k = _split_id(output.request_id)
         pending = self.pending[index]
-        if output.finish_reason == "error" and pending.error is None:
+        if output.finish_reason == "error" and pending.error is None:  # refused at intake, or failed
             pending.error = RowError("engine_error", output.error or "the engine failed this request")
         self._arrived(index, k, output)
 
-    def _arrived(self, index: int, k: int, output: RequestOutput | None) -> None:
+    def _arrived(self, index: int, k: int, output: RequestOutput) -> None:
         pending = self.pending[index]
         pending.outputs[k] = output
         pending.left -= 1
@@ -148,3 +132,48 @@ class Driver:
 def _split_id(request_id: str) -> tuple[int, int]:
     index, _, k = request_id.partition("/")
     return int(index), int(k)
+
+
+class ProgressBar:
+    """Items done of the total, errors, tokens/s, ETA on stderr; --quiet silences it."""
+
+    def __init__(self, total: int | None, done: int, stats: RunStats, *, quiet: bool, label: str = ""):
+        self.stats = stats
+        self._last_postfix = 0.0
+        self.bar = None
+        if not quiet:
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=total,
+                initial=done,
+                unit="item",
+                desc=label or None,
+                file=sys.stderr,
+                dynamic_ncols=True,
+                smoothing=0.1,
+            )
+
+    def record(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def step(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.bar is None or (now - self._last_postfix < 0.5 and not force):
+            return
+        self._last_postfix = now
+        wall = max(self.stats.elapsed_s, 1e-9)
+        self.bar.set_postfix(
+            {
+                "gen tok/s": f"{self.stats.generated_tokens / wall:.0f}",
+                "tok/s": f"{(self.stats.prompt_tokens + self.stats.generated_tokens) / wall:.0f}",
+                "errors": self.stats.errors,
+            },
+            refresh=False,
+        )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.step(force=True)  # the final figures, not those of half a second ago
+            self.bar.close()

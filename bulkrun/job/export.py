@@ -20,9 +20,15 @@ import pyarrow.parquet as pq
 
 from bulkrun.io.atomic import write_atomic, write_json_atomic
 from bulkrun.io.formats import JSONL, OPENAI
-from bulkrun.io.merge import merged_records
 from bulkrun.io.openai_batch import error_line, output_line
-from bulkrun.io.shards import ERROR_COLUMNS, ERRORS_DIR, RESULTS_DIR, records_table, shard_paths
+from bulkrun.io.shards import (
+    ERROR_COLUMNS,
+    ERRORS_DIR,
+    RESULTS_DIR,
+    merged_records,
+    records_table,
+    shard_paths,
+)
 from bulkrun.tasks.base import Task
 
 WRITE_BATCH = 1024
@@ -33,7 +39,7 @@ def output_format(input_format: str) -> str:
     return "jsonl" if input_format in (JSONL, OPENAI) else "parquet"
 
 
-def finalize(out: Path, manifest: dict, task: Task | None = None, fmt: str | None = None) -> dict:
+def write_final_files(out: Path, manifest: dict, task: Task | None = None, fmt: str | None = None) -> dict:
     """Write the final files; returns {"results": n, "errors": n, "files": [...], "metrics": ...}."""
     input_format = manifest["input"]["format"]
     fmt = fmt or output_format(input_format)
@@ -153,7 +159,7 @@ def export_job(out: Path, fmt: str | None = None, force: bool = False) -> dict:
         run = status["running"][0]
         raise LockHeld(f"a run is still writing to '{out}' (pid {run['pid']} on {run['host']}); wait for it")
     if status["remaining"] and not force:
-        from bulkrun.distributed.slices import check_complete
+        from bulkrun.job.slices import check_complete
 
         check_complete(str(out))  # raises with the list of slices not done, if the job was split
         raise Incomplete(
@@ -161,7 +167,7 @@ def export_job(out: Path, fmt: str | None = None, force: bool = False) -> dict:
             "(or export --force for what is committed)"
         )
     task = _task_from_manifest(manifest)
-    final = finalize(out, manifest, task, fmt)
+    final = write_final_files(out, manifest, task, fmt)
     committed = load_committed(out)
     report = _previous_report(out) | {
         "task": manifest["spec"].get("task"),
@@ -180,7 +186,7 @@ def export_job(out: Path, fmt: str | None = None, force: bool = False) -> dict:
 
 
 def _task_from_manifest(manifest: dict) -> Task | None:
-    from bulkrun.job.registry import task_class
+    from bulkrun.job.spec import task_class
 
     try:
         cls = task_class(manifest["spec"]["task"])
@@ -191,8 +197,9 @@ def _task_from_manifest(manifest: dict) -> Task | None:
 
 
 def _previous_report(out: Path) -> dict:
-    """This job's run figures: report.json if a run wrote one, else the merged slice reports."""
-    from bulkrun.distributed.slices import merge_reports, read_slice_markers
+    """This job's run figures: report.json if a run wrote one, else the slices' RunStats merged."""
+    from bulkrun.job.slices import read_slice_markers
+    from bulkrun.job.stats import RunStats
 
     path = out / "report.json"
     if path.exists():
@@ -201,4 +208,6 @@ def _previous_report(out: Path) -> dict:
         except ValueError:
             pass
     markers = read_slice_markers(str(out))
-    return merge_reports([m.get("report", {}) for m in markers.values()])
+    if not markers:
+        return {}
+    return RunStats.merge([RunStats.from_dict(m.get("stats") or {}) for m in markers.values()]).summary()

@@ -1,9 +1,17 @@
-"""The reader thread: rows -> items with ids -> prepared windows, one window ahead of the engine.
+"""Rows -> items with ids -> windows of prepared engine requests, one window ahead of the engine.
+
+A reader thread reads rows, gives them ids, and hands each window to the PromptBuilder, which renders
+the items with the task, applies the chat template, tokenizes in one batch and sorts by length.
 
 It reads the whole input every run (reading is cheap next to inference) so that duplicate ids are
 judged the same way every time: the first row with an id wins, whether or not it is already done.
 Rows already committed are skipped, and so are rows outside this process's partition. A bounded
 queue keeps at most two windows waiting: memory does not depend on the input's size.
+
+Sorting by prompt length puts similar lengths next to each other, so requests admitted together
+finish prefill together and fewer blocks sit half-used. Lengths are grouped in buckets of 16 tokens;
+inside a bucket the input order is kept (a stable sort), longest buckets first so that the long
+requests start early instead of trailing at the end of the job.
 """
 
 from __future__ import annotations
@@ -14,11 +22,114 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from bulkrun.io.windows import Prepared, PromptBuilder, error_record
+from bulkrun.engine.params import EngineRequest
+from bulkrun.errors import RowError
 from bulkrun.job.resume import RowSet
-from bulkrun.tasks.base import Item, RowError
+from bulkrun.tasks.base import Item, RawText, Task
 
 _END = object()
+BUCKET_TOKENS = 16
+
+
+@dataclass(slots=True)
+class Prepared:
+    item: Item
+    prompt_len: int
+    requests: list[EngineRequest]
+
+
+def error_record(index: int, item_id: str | None, error: RowError) -> dict:
+    return {"row": index, "id": item_id, "kind": error.kind, "message": error.message}
+
+
+class PromptBuilder:
+    """Renders items with the task and turns them into token ids, a window at a time."""
+
+    def __init__(self, task: Task, tokenizer, *, chat_template: bool, system: str | None, max_model_len: int):
+        self.task = task
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.system = system
+        self.max_model_len = max_model_len
+
+    def prepare(self, items: list[Item], sort: bool = True) -> tuple[list[Prepared], list[dict]]:
+        """The window's requests (length-sorted when `sort`) and its error records."""
+        errors: list[dict] = []
+        texts: list[tuple[Item, str, bool]] = []  # (item, text, add special tokens)
+        chats: list[tuple[Item, list[dict]]] = []
+        for item in items:
+            try:
+                rendered = self.task.render(item)
+            except RowError as exc:
+                errors.append(error_record(item.index, item.id, exc))
+                continue
+            if isinstance(rendered, RawText) or not self.chat_template:
+                texts.append((item, _plain_text(rendered), True))
+            else:
+                chats.append((item, self._messages(rendered)))
+        texts += self._apply_chat_template(chats, errors)
+        prepared = self._tokenize(texts, errors)
+        if sort:
+            prepared.sort(key=lambda p: -(p.prompt_len // BUCKET_TOKENS))
+        return prepared, errors
+
+    def _messages(self, rendered: str | list[dict]) -> list[dict]:
+        messages = [{"role": "user", "content": rendered}] if isinstance(rendered, str) else list(rendered)
+        if self.system is not None and not any(m.get("role") == "system" for m in messages):
+            messages.insert(0, {"role": "system", "content": self.system})
+        return messages
+
+    def _apply_chat_template(self, chats, errors) -> list[tuple[Item, str, bool]]:
+        if not chats:
+            return []
+        apply = self.tokenizer.apply_chat_template
+        try:
+            rendered = apply([m for _, m in chats], tokenize=False, add_generation_prompt=True)
+            return [(item, text, False) for (item, _), text in zip(chats, rendered, strict=True)]
+        except Exception:  # one bad conversation fails the batch: redo one by one to find it
+            pass
+        out = []
+        for item, messages in chats:
+            try:
+                out.append((item, apply(messages, tokenize=False, add_generation_prompt=True), False))
+            except Exception as exc:
+                error = RowError("template_error", f"chat template failed: {exc}")
+                errors.append(error_record(item.index, item.id, error))
+        return out
+
+    def _tokenize(self, texts, errors) -> list[Prepared]:
+        prepared = []
+        for special in (False, True):
+            group = [(item, text) for item, text, s in texts if s == special]
+            if not group:
+                continue
+            encoded = self.tokenizer([t for _, t in group], add_special_tokens=special)["input_ids"]
+            for (item, _), ids in zip(group, encoded, strict=True):
+                try:
+                    prepared.append(self._requests(item, list(ids)))
+                except RowError as exc:
+                    errors.append(error_record(item.index, item.id, exc))
+        prepared.sort(key=lambda p: p.item.index)  # input order inside a bucket
+        return prepared
+
+    def _requests(self, item: Item, ids: list[int]) -> Prepared:
+        if not ids:
+            raise RowError("empty_text", "the prompt has no tokens")
+        if len(ids) >= self.max_model_len:
+            raise RowError(
+                "prompt_too_long",
+                f"prompt of {len(ids)} tokens does not fit the model's context of {self.max_model_len}",
+            )
+        requests = self.task.requests(item, ids)
+        if not requests:
+            raise RowError("no_requests", "the task made no requests for this row")
+        return Prepared(item, len(ids), requests)
+
+
+def _plain_text(rendered: str | list[dict]) -> str:
+    if isinstance(rendered, str):
+        return str(rendered)
+    return "\n\n".join(str(m.get("content", "")) for m in rendered)
 
 
 @dataclass(slots=True)
@@ -37,9 +148,11 @@ class IdRegistry:
     def item_id(self, index: int, fields: dict) -> str:
         if self.id_field is None:
             return str(index)
-        value = fields.get(self.id_field)
-        if value is None:
+        if self.id_field not in fields:
             raise RowError("missing_id", f"id field '{self.id_field}' is missing")
+        value = fields[self.id_field]
+        if value is None:
+            raise RowError("null_id", f"id field '{self.id_field}' is null")
         if isinstance(value, bool) or not isinstance(value, str | int):
             raise RowError("bad_id", f"id field '{self.id_field}' must be a string or an integer")
         item_id = str(value)

@@ -1,148 +1,73 @@
-"""run_job: one job (or one slice of it) from spec to committed shards, final files and report.
+"""run_job and run_slice: one job (or one slice of it) from spec to committed shards.
 
-Order of business: check everything that can be checked (task, input, model, lock, manifest) before
-any work; then stream the input through the engine, committing shards at every checkpoint; then, when
-every row is done, merge the shards into the final files. Interrupted runs keep what was committed,
-and a rerun of the same command continues from there.
+Order of business: open the job (session.py checks everything that can be checked before any work);
+then stream the input through the engine, committing shards at every checkpoint; then, when every
+row is done, merge the shards into the final files. Interrupted runs keep what was committed, and a
+rerun of the same command continues from there.
 
-Distributed runs reuse the same pieces (bulkrun.distributed.joblayer): `job_session` is the driver's
-side (lock, manifest, final merge), `build_engine` + `run_job(partition=..., lock=False,
-finalize=False)` a worker's.
+A Ray worker calls `run_slice` on an engine it loaded once (session.load_engine); the Ray driver
+holds the job open with `open_job` and finalizes it with the slices' merged RunStats.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 from bulkrun.errors import UsageError
-from bulkrun.io.lock import JobLock
-from bulkrun.io.manifest import (
-    build_manifest,
-    describe_change,
-    input_fingerprint,
-    job_fingerprint,
-    read_manifest,
-    write_or_check_manifest,
-)
-from bulkrun.io.readers import count_rows, read_rows
+from bulkrun.io.manifest import job_fingerprint
+from bulkrun.io.readers import read_rows
 from bulkrun.io.shards import ERRORS_DIR, RESULTS_DIR, ShardWriter
-from bulkrun.io.windows import PromptBuilder
-from bulkrun.job import layout
-from bulkrun.job.drive import Checkpointer, Driver
-from bulkrun.job.feed import Feed, IdRegistry
-from bulkrun.job.progress import Progress
-from bulkrun.job.report import job_figures, run_report
+from bulkrun.job.drive import Checkpointer, Driver, ProgressBar
+from bulkrun.job.feed import Feed, IdRegistry, PromptBuilder
 from bulkrun.job.resume import load_committed
-from bulkrun.job.session import JobSession
-from bulkrun.job.setup import build_task, input_format, load_engine, out_dir, resolve_model, task_context
-from bulkrun.job.spec import JobSpec
+from bulkrun.job.session import SINGLE, JobSession, load_engine, open_job, task_context
+from bulkrun.job.slices import Partition, mark_slice_done, parse_shard
+from bulkrun.job.spec import JobSpec, parse_checkpoint
 from bulkrun.job.stats import RunStats
-from bulkrun.job.values import parse_checkpoint
 
 ProgressHook = Callable[[int, int], None]  # (items, tokens) since the last call
 
 
-@contextmanager
-def job_session(spec: JobSpec, *, lock: bool = True, writer: str = layout.SINGLE) -> Iterator[JobSession]:
-    """Check task, input and model, take OUT's lock, check or write the manifest (wiping OUT first
-    on --restart when we hold the lock). Yields the session; releases the lock at the end."""
-    task = build_task(spec)
-    input_path, fmt = input_format(spec)
-    model_path, model_info = resolve_model(spec)
-    out = out_dir(spec)
-    job_lock = JobLock(layout.lock_path(out, writer))
-    if lock:
-        job_lock.acquire()
-    try:
-        if spec.restart and lock:
-            layout.wipe(out)
-        manifest = _manifest(spec, task, input_path, fmt, model_info, out)
-        yield JobSession(spec, task, out, manifest, model_path, job_lock)
-    finally:
-        job_lock.release()
-
-
-def build_engine(spec: JobSpec):
-    """The engine a job (or a Ray worker) runs on."""
-    model_path, _ = resolve_model(spec)
-    return load_engine(spec, model_path)
-
-
-def run_job(
-    spec: JobSpec,
-    *,
-    engine=None,
-    partition=None,
-    select: Callable[[int], bool] | None = None,
-    lock: bool = True,
-    finalize: bool | None = None,
-    on_progress: ProgressHook | None = None,
-) -> dict:
-    """Run the job (or slice K of N: `partition`, or any `select`ed rows) and return its report.
-
-    The report has the run's figures (items, errors, tokens, throughput, ...) and the job's
-    (rows, done, results, errors, remaining, complete)."""
-    partition = _partition(spec, partition)
-    if partition is not None and spec.restart and lock:
+def run_job(spec: JobSpec, *, engine=None) -> dict:
+    """Run the whole job, or the `--shard K/N` slice the spec names, and return its report: the
+    run's figures (items, errors, tokens, throughput, ...) and the job's (rows, done, remaining...)."""
+    if spec.shard is None:
+        with open_job(spec) as session:
+            stats = _stream(session, engine, SINGLE, select=None, on_progress=None)
+            return session.finalize(stats)
+    if spec.restart:
         raise UsageError(
             "--restart cannot be combined with --shard: restart the whole job once without --shard"
         )
-    if finalize is None:
-        finalize = partition is None and select is None
-    writer = layout.SINGLE if partition is None else partition.tag
-    with job_session(spec, lock=lock, writer=writer) as session:
-        if engine is None:
-            engine = load_engine(spec, session.model_path)
-        session.task.bind(task_context(spec, engine))
-        if partition is not None:
-            select = _both(select, partition.owns)
-        stats = _stream(session, engine, writer, select, on_progress)
-        report = run_report(session, stats)
-        if select is not None:
-            report.update(_selection_figures(session.out, select))
-        if partition is not None:
-            from bulkrun.distributed.slices import mark_slice_done
-
-            mark_slice_done(str(session.out), partition, report, job_fingerprint(session.manifest))
-        return session.finalize(report) if finalize else report | job_figures(session)
+    partition = parse_shard(spec.shard)
+    with open_job(spec, writer=partition.tag) as session:
+        stats = _slice(session, engine, partition, on_progress=None)
+        return session.report(stats, load_committed(session.out), select=partition.owns)
 
 
-def _selection_figures(out: Path, select: Callable[[int], bool]) -> dict:
-    committed = load_committed(out)
-    return {
-        "selection_done": sum(1 for row in committed.done.rows() if select(row)),
-        "selection_errors_total": sum(1 for row in committed.error_rows.rows() if select(row)),
-    }
+def run_slice(
+    spec: JobSpec, partition: Partition, engine, on_progress: ProgressHook | None = None
+) -> RunStats:
+    """A Ray worker's slice: the driver holds the lock; marks the slice done; returns its RunStats."""
+    with open_job(spec, lock=False, writer=partition.tag) as session:
+        return _slice(session, engine, partition, on_progress)
 
 
-def _partition(spec: JobSpec, partition):
-    if partition is None and spec.shard is None:
-        return None
-    from bulkrun.distributed.partition import parse_shard
-
-    return parse_shard(partition if partition is not None else spec.shard)
-
-
-def _manifest(spec, task, input_path: Path, fmt: str, model_info: dict, out: Path) -> dict:
-    input_info = {"path": str(input_path), "format": fmt, **input_fingerprint(input_path)}
-    manifest = build_manifest(spec.result_options(type(task)), model_info, input_info)
-    old = read_manifest(out)
-    if old is None or describe_change(old, manifest):  # a new job: count its rows (a reading pass)
-        input_info["rows"] = count_rows(input_path, fmt)
-    return write_or_check_manifest(out, manifest)
+def _slice(session: JobSession, engine, partition: Partition, on_progress: ProgressHook | None) -> RunStats:
+    stats = _stream(session, engine, partition.tag, partition.owns, on_progress)
+    mark_slice_done(str(session.out), partition, stats.to_dict(), job_fingerprint(session.manifest))
+    return stats
 
 
 def _stream(session: JobSession, engine, writer: str, select, on_progress: ProgressHook | None) -> RunStats:
     spec, out = session.spec, session.out
+    if engine is None:
+        engine = load_engine(spec, session.model_path)
+    session.task.bind(task_context(spec, engine))
     # One process per shard-file prefix: slices and Ray workers add a fresh run id.
-    prefix = (
-        layout.SINGLE
-        if writer == layout.SINGLE and select is None
-        else f"part-{writer}-{uuid.uuid4().hex[:8]}"
-    )
+    prefix = SINGLE if select is None else f"part-{writer}-{uuid.uuid4().hex[:8]}"
     committed = load_committed(out)
     stats = RunStats()
     results, errors = ShardWriter(out / RESULTS_DIR, prefix), ShardWriter(out / ERRORS_DIR, prefix)
@@ -150,15 +75,18 @@ def _stream(session: JobSession, engine, writer: str, select, on_progress: Progr
         session.task, engine.tokenizer, chat_template=spec.chat_template, system=spec.system,
         max_model_len=engine.max_model_len,
     )  # fmt: skip
-    id_field = "custom_id" if session.input_format == "openai" else spec.id_field
+    openai = session.input_format == "openai"
     feed = Feed(
-        read_rows(Path(spec.input), session.input_format), builder, IdRegistry(id_field),
+        read_rows(Path(spec.input), session.input_format), builder,
+        IdRegistry("custom_id" if openai else spec.id_field),
         done=committed.done, window=spec.window, sort=spec.sort_by_length, select=select,
     )  # fmt: skip
     already = len(committed.done) if select is None else sum(1 for r in committed.done.rows() if select(r))
     total = session.total_rows if select is None else None
     # A caller with its own progress hook (a Ray worker) shows one bar for everyone: none here.
-    progress = Progress(total, already, stats, quiet=spec.quiet or on_progress is not None, label=spec.task)
+    progress = ProgressBar(
+        total, already, stats, quiet=spec.quiet or on_progress is not None, label=spec.task
+    )
     driver = Driver(engine, session.task, results, errors, stats, keep_fields=spec.keep_fields)
     driver.on_record, driver.on_step = _hooks(progress, stats, on_progress, already)
 
@@ -166,7 +94,7 @@ def _stream(session: JobSession, engine, writer: str, select, on_progress: Progr
         results.commit()
         errors.commit()
         session.lock.heartbeat()
-        layout.write_progress(out, writer, run_report(session, stats))
+        session.write_progress(writer, stats)
 
     try:
         items, seconds = parse_checkpoint(spec.checkpoint_every)
@@ -174,11 +102,12 @@ def _stream(session: JobSession, engine, writer: str, select, on_progress: Progr
     finally:
         feed.close()
         progress.close()
+        stats.finish()
         commit()  # finished records are complete: keep them whatever stopped us
     return stats
 
 
-def _hooks(progress: Progress, stats: RunStats, on_progress: ProgressHook | None, already: int):
+def _hooks(progress: ProgressBar, stats: RunStats, on_progress: ProgressHook | None, already: int):
     if on_progress is None:
         return progress.record, progress.step
     on_progress(already, 0)
@@ -190,7 +119,3 @@ def _hooks(progress: Progress, stats: RunStats, on_progress: ProgressHook | None
         sent[0] = stats.generated_tokens
 
     return record, progress.step
-
-
-def _both(a: Callable[[int], bool] | None, b: Callable[[int], bool]) -> Callable[[int], bool]:
-    return b if a is None else (lambda index: a(index) and b(index))

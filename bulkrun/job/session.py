@@ -1,19 +1,61 @@
-"""A job session: the checked job (task, output directory, manifest, lock) and its final merge.
+"""Opening a job: everything checked before any work, in one place.
 
-The single-process runner and the Ray driver both hold one; `finalize(report)` merges the committed
-shards into the final files once every row is done and writes report.json.
+`open_job(spec)` builds the task, checks the input (format, the columns the options name), resolves
+the model once, takes OUT's lock, wipes OUT on --restart, and checks or writes the manifest. Each
+failure is a BulkrunError with one clear line. It yields a JobSession: the single-process runner, a
+--shard slice and the Ray driver all hold one; `finalize(stats)` merges the committed shards into the
+final files once every row is done and writes report.json.
+
+What lives in an output directory:
+  manifest.json                    what job this is (spec/model/input fingerprints, total rows)
+  lock, lock.<writer>              the live run(s); see io/lock.py
+  shards/<writer>-NNNNN.parquet    committed results (the truth)
+  errors/<writer>-NNNNN.parquet    committed error records (row, id, kind, message)
+  progress/<writer>.json           figures of the current/last run of that writer (`bulkrun status`)
+  slices/sKofN.json                written when slice K of N finished (job/slices.py)
+  results.*, errors.*, output.jsonl, metrics.json, report.json   the final files
+A single-process run writes shards named part-NNNNN; slice K of N (a --shard run or a Ray worker)
+writes part-sKofN-<run id>-NNNNN, so no two processes can ever pick the same file name.
 """
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bulkrun.io.lock import JobLock
-from bulkrun.job.export import finalize as write_final_files
-from bulkrun.job.report import job_figures, write_report
-from bulkrun.job.spec import JobSpec
-from bulkrun.tasks.base import Task
+from bulkrun.errors import ModelError, OutputError, UsageError
+from bulkrun.io.atomic import make_dirs, write_json_atomic
+from bulkrun.io.formats import OPENAI, detect_format
+from bulkrun.io.lock import JobLock, lock_name
+from bulkrun.io.manifest import (
+    build_manifest,
+    describe_change,
+    input_fingerprint,
+    read_manifest,
+    write_or_check_manifest,
+)
+from bulkrun.io.outdir import is_uri
+from bulkrun.io.readers import check_columns, count_rows
+from bulkrun.job.resume import Committed, load_committed
+from bulkrun.job.spec import JobSpec, task_class
+from bulkrun.job.stats import RunStats
+from bulkrun.tasks.base import Task, TaskContext, template_fields
+
+SINGLE = "part"
+FINAL_FILES = (
+    "results.parquet",
+    "results.jsonl",
+    "errors.parquet",
+    "errors.jsonl",
+    "output.jsonl",
+    "metrics.json",
+    "report.json",
+    "manifest.json",
+)
+JOB_DIRS = ("shards", "errors", "progress", "slices")
 
 
 @dataclass
@@ -33,12 +75,164 @@ class JobSession:
     def input_format(self) -> str:
         return self.manifest["input"]["format"]
 
-    def finalize(self, report: dict) -> dict:
-        """Add the job's figures to `report`; when complete, write the final files; write report.json."""
-        report = report | job_figures(self)
+    def report(self, stats: RunStats, committed: Committed | None = None,
+               select: Callable[[int], bool] | None = None) -> dict:  # fmt: skip
+        """This run's figures, plus the job's (from `committed`, the shards as they are now)."""
+        report = {
+            "task": self.spec.task,
+            "out": str(self.out),
+            "model": self.manifest["model"].get("ref") or "default",
+            **stats.summary(),
+        }
+        if committed is None:
+            return report
+        remaining = max(self.total_rows - len(committed.done), 0)
+        report |= {
+            "rows": self.total_rows,
+            "done": len(committed.done),
+            "results_total": committed.results,
+            "errors_total": committed.errors,
+            "remaining": remaining,
+            "complete": remaining == 0,
+            "files": [],
+            "metrics": None,
+        }
+        if select is not None:  # a slice's own rows (its exit code looks at these only)
+            report["selection_done"] = sum(1 for row in committed.done.rows() if select(row))
+            report["selection_errors_total"] = sum(1 for row in committed.error_rows.rows() if select(row))
+        return report
+
+    def write_progress(self, writer: str, stats: RunStats) -> None:
+        make_dirs(self.out / "progress")
+        write_json_atomic(self.out / "progress" / f"{writer}.json", self.report(stats))
+
+    def finalize(self, stats: RunStats, extra: dict | None = None) -> dict:
+        """The job's report (plus `extra` figures, e.g. the Ray driver's); when every row is done,
+        the final files too. Writes report.json."""
+        from bulkrun.job.export import write_final_files
+
+        report = self.report(stats, load_committed(self.out)) | (extra or {})
         if report["complete"]:
             final = write_final_files(self.out, self.manifest, self.task)
             report["files"] = final["files"]
             report["metrics"] = final["metrics"]
-        write_report(self.out, report)
+        write_json_atomic(self.out / "report.json", report)
         return report
+
+
+@contextmanager
+def open_job(spec: JobSpec, *, lock: bool = True, writer: str = SINGLE) -> Iterator[JobSession]:
+    """Check task, input and model, take OUT's lock, check or write the manifest (wiping OUT first
+    on --restart when we hold the lock). Yields the session; releases the lock at the end."""
+    task = build_task(spec)
+    input_path = Path(spec.input)
+    fmt = detect_format(input_path)
+    check_named_fields(spec, task, input_path, fmt)
+    model_path, model_info = resolve_model(spec)
+    out = out_dir(spec)
+    job_lock = JobLock(out / lock_name(writer))
+    if lock:
+        job_lock.acquire()
+    try:
+        if spec.restart and lock:
+            wipe(out)
+        manifest = _manifest(spec, task, input_path, fmt, model_info, out)
+        yield JobSession(spec, task, out, manifest, model_path, job_lock)
+    finally:
+        job_lock.release()
+
+
+def named_fields(spec: JobSpec, task: Task) -> dict[str, str]:
+    """The input fields the options name: field -> the option that names it."""
+    named = {}
+    if spec.prompt_template is not None:
+        named.update({name: "--prompt-template" for name in template_fields(spec.prompt_template)})
+    elif task.uses_text_field:
+        named[spec.text_field] = "--text-field"
+    if spec.id_field is not None:
+        named[spec.id_field] = "--id-field"
+    named.update({name: "--keep-field" for name in spec.keep_fields})
+    return named
+
+
+def check_named_fields(spec: JobSpec, task: Task, path: Path, fmt: str) -> None:
+    """Every field an option names must be in the input (OpenAI batch lines have their own shape)."""
+    if fmt != OPENAI:
+        check_columns(path, fmt, named_fields(spec, task), spec.window)
+
+
+def build_task(spec: JobSpec) -> Task:
+    cls = task_class(spec.task)
+    try:
+        return cls.from_options(dict(spec.task_options))
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"{spec.task}: {exc}") from None
+
+
+def out_dir(spec: JobSpec) -> Path:
+    if is_uri(spec.out):
+        raise UsageError(f"--out {spec.out}: the job layer writes to local or shared (NFS) paths, not URIs")
+    out = Path(spec.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot create output directory '{out}': {exc.strerror or exc}") from None
+    if not out.is_dir():
+        raise OutputError(f"output '{out}' is not a directory")
+    return out
+
+
+def resolve_model(spec: JobSpec) -> tuple[Path, dict]:
+    """The model's local directory (the one place a model reference is resolved) and its identity."""
+    from bulkrun.model_source import ModelNotFound, model_fingerprint
+    from bulkrun.model_source import resolve_model as resolve
+
+    try:
+        path = resolve(spec.model)
+    except ModelNotFound as exc:
+        raise ModelError(str(exc)) from None
+    return path, {"ref": spec.model or "default", "path": str(path), "fingerprint": model_fingerprint(path)}
+
+
+def load_engine(spec: JobSpec, model_path: Path | None = None):
+    """The engine a job (or a Ray worker) runs on; resolves the model unless given its directory."""
+    from bulkrun.engine.engine import Engine
+
+    if model_path is None:
+        model_path, _ = resolve_model(spec)
+    config = spec.engine_config()
+    try:
+        return Engine.from_model(str(model_path), config)
+    except (ValueError, OSError, NotImplementedError) as exc:
+        raise ModelError(f"cannot load model '{model_path}': {exc}") from None
+
+
+def task_context(spec: JobSpec, engine) -> TaskContext:
+    tokenizer = engine.tokenizer
+    if spec.chat_template and not getattr(tokenizer, "chat_template", None):
+        raise UsageError("the model has no chat template; pass --no-chat-template to use plain prompts")
+    return TaskContext(
+        tokenizer=tokenizer,
+        max_model_len=engine.max_model_len,
+        sampling=spec.sampling(),
+        n=spec.n,
+        text_field=spec.text_field,
+        prompt_template=spec.prompt_template,
+    )
+
+
+def wipe(out: Path) -> None:
+    """--restart: remove everything a previous job left (never the lock we hold)."""
+    for name in FINAL_FILES:
+        (out / name).unlink(missing_ok=True)
+    for name in JOB_DIRS:
+        shutil.rmtree(out / name, ignore_errors=True)
+
+
+def _manifest(spec, task, input_path: Path, fmt: str, model_info: dict, out: Path) -> dict:
+    input_info = {"path": str(input_path), "format": fmt, **input_fingerprint(input_path)}
+    manifest = build_manifest(spec.result_options(type(task)), model_info, input_info)
+    old = read_manifest(out)
+    if old is None or describe_change(old, manifest):  # a new job: count its rows (a reading pass)
+        input_info["rows"] = count_rows(input_path, fmt)
+    return write_or_check_manifest(out, manifest)

@@ -10,11 +10,17 @@ A TOML spec is flat: the same names as the command-line options, with `_` or `-`
 
 Keys are the shared ones below plus the task's own (Task.options). An unknown key is an error
 naming the key. Relative paths are relative to the current directory, like on the command line.
+
+Adding an option: a field on JobSpec (shared) or a key in a Task's `options` (task-specific), and
+its flag in bulkrun/cli/options.py. Adding a task: a Task subclass and a line in _TASKS below.
+Task classes are imported lazily, so `bulkrun status` never imports a model stack.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -26,8 +32,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 from bulkrun.engine.params import SamplingParams
 from bulkrun.errors import SpecError, UsageError
-from bulkrun.job.registry import task_class
-from bulkrun.job.values import check_value
+from bulkrun.job.slices import parse_shard
 from bulkrun.tasks.base import Task
 
 RESULT = {"result": True}  # the option changes results: it is part of the job fingerprint
@@ -88,6 +93,25 @@ class JobSpec:
                 seed=self.seed,
                 stop=tuple(self.stop),
             )
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
+    def engine_config(self):
+        """The EngineConfig of this job (its checks, e.g. the kernel backend's name, are the engine's)."""
+        from bulkrun.engine.config import EngineConfig
+
+        values = {
+            "kv_cache_bytes": parse_size(self.kv_cache_mem) if self.kv_cache_mem else None,
+            "max_num_seqs": self.max_seqs,
+            "max_num_batched_tokens": self.max_batch_tokens,
+            "enable_prefix_caching": self.prefix_cache,
+            "dtype": self.dtype,
+            "device": self.device,
+            "kernels": self.kernels,
+            "max_model_len": self.max_model_len,
+        }
+        try:
+            return EngineConfig(**{k: v for k, v in values.items() if v is not None})
         except ValueError as exc:
             raise UsageError(str(exc)) from None
 
@@ -153,7 +177,7 @@ def build_spec(layers: list[tuple[str, dict]]) -> JobSpec:
         spec_values.setdefault(key, value)
     spec = JobSpec(**spec_values, task_options=task_values)
     validate(spec)
-    if spec.out is None:
+    if spec.out is None:  # the one place the default output directory is chosen
         spec.out = str(Path("runs") / f"{spec.task}-{Path(spec.input).stem}")
     return spec
 
@@ -166,8 +190,6 @@ def _unknown_key_message(key: str, where: str, task: type[Task]) -> str:
 
 
 def validate(spec: JobSpec) -> None:
-    from bulkrun.distributed.partition import parse_shard
-    from bulkrun.job.values import parse_checkpoint, parse_size
 
     if spec.input is None:
         raise UsageError("no input file given")
@@ -176,12 +198,9 @@ def validate(spec: JobSpec) -> None:
         if getattr(spec, name) < minimum:
             raise UsageError(f"{name} must be >= {minimum}, got {getattr(spec, name)}")
     parse_checkpoint(spec.checkpoint_every)
-    if spec.kv_cache_mem is not None:
-        parse_size(spec.kv_cache_mem)
     if spec.shard is not None:
         parse_shard(spec.shard)
-    if spec.kernels not in ("auto", "triton", "cpu", "reference"):
-        raise UsageError(f"kernels must be auto, triton, cpu or reference, got {spec.kernels!r}")
+    spec.engine_config()  # sizes, limits, the kernel backend's name
     _check_kernels_fit_device(spec)
     if spec.prompt_template is not None:
         from bulkrun.tasks.base import template_fields
@@ -218,3 +237,108 @@ def _check_kernels_fit_device(spec: JobSpec) -> None:
 def spec_from_file(path: Path, overrides: dict | None = None) -> JobSpec:
     """A spec file with command-line overrides on top (flags win over the file)."""
     return build_spec([(f"job spec '{path}'", load_toml(path)), ("the command line", overrides or {})])
+
+
+# ---- tasks by name ----------------------------------------------------------------------------
+
+_TASKS: dict[str, str | type[Task]] = {
+    "generate": "bulkrun.tasks.generate:GenerateTask",
+    "summarize": "bulkrun.tasks.summarize:SummarizeTask",
+    "classify": "bulkrun.tasks.classify:ClassifyTask",
+    "eval": "bulkrun.tasks.eval:EvalTask",
+}
+
+
+def register_task(name: str, task: str | type[Task]) -> None:
+    """Add or replace a task: a Task subclass or a "module:Class" path."""
+    _TASKS[name] = task
+
+
+def task_names() -> list[str]:
+    return sorted(_TASKS)
+
+
+def task_class(name: str) -> type[Task]:
+    if name not in _TASKS:
+        raise UsageError(f"unknown task '{name}' (known: {', '.join(task_names())})")
+    entry = _TASKS[name]
+    if isinstance(entry, str):
+        module, _, attr = entry.partition(":")
+        try:
+            entry = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise UsageError(f"task '{name}' is not available: {exc}") from None
+        _TASKS[name] = entry
+    return entry
+
+
+# ---- option values ------------------------------------------------------------------------------
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "kib": 2**10,
+    "m": 10**6,
+    "mb": 10**6,
+    "mib": 2**20,
+    "g": 10**9,
+    "gb": 10**9,
+    "gib": 2**30,
+    "t": 10**12,
+    "tb": 10**12,
+    "tib": 2**40,
+}
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def check_value(key: str, value: Any, annotation: str, where: str) -> Any:
+    """Check a spec value against its field annotation (e.g. "int | None", "list[str]")."""
+    kinds = [part.strip() for part in str(annotation).split("|")]
+    if "None" in kinds and value is None:
+        return None
+    if "bool" in kinds and isinstance(value, bool):
+        return value
+    if "int" in kinds and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if "float" in kinds and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if "str" in kinds and isinstance(value, str):
+        return value
+    if "str" in kinds and key in ("checkpoint_every", "kv_cache_mem") and isinstance(value, int):
+        return str(value)  # a bare number of items / bytes
+    if "list[str]" in kinds:
+        if isinstance(value, str):
+            return [value]
+        if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+            return list(value)
+    wanted = " or ".join(k for k in kinds if k != "None")
+    raise UsageError(f"option '{key}' in {where} must be {wanted}, got {value!r}")
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from "4GiB", "512MB", "2g" or a plain number."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = match and match[2].lower()
+    if not match or unit not in _SIZE_UNITS:
+        raise UsageError(f"invalid size {text!r} (use e.g. 4GiB, 512MiB or a number of bytes)")
+    size = int(float(match[1]) * _SIZE_UNITS[unit])
+    if size <= 0:
+        raise UsageError(f"size must be positive, got {text!r}")
+    return size
+
+
+def parse_checkpoint(text: str | int) -> tuple[int | None, float | None]:
+    """(items, seconds) from "500", "60s", "5m" or "500,60s": commit at whichever comes first."""
+    items, seconds = None, None
+    for part in str(text).split(","):
+        part = part.strip().lower()
+        if re.fullmatch(r"\d+", part):
+            items = int(part)
+        elif re.fullmatch(r"\d+(\.\d+)?[smh]", part):
+            seconds = float(part[:-1]) * _DURATION_UNITS[part[-1]]
+        else:
+            raise UsageError(f"invalid --checkpoint-every {text!r} (use e.g. 500, 60s, or 500,60s)")
+    if (items is not None and items < 1) or (seconds is not None and seconds <= 0):
+        raise UsageError(f"--checkpoint-every must be positive, got {text!r}")
+    return items, seconds

@@ -1,16 +1,22 @@
-"""Figures of one run, gathered from engine steps and finished outputs, for the bar and report.json."""
+"""RunStats: the figures of one run (or of many slices, merged), and the reports made from them.
+
+One typed object gathers what the engine steps and the finished outputs tell (the bar, progress
+files, report.json and the end-of-job summary all read it). Slices (Ray workers, --shard runs) each
+keep their own; `RunStats.merge` adds them field by field, so nothing is guessed from key names.
+report.json is flat: this run's figures (`summary()`) next to the job's totals read back from the
+committed shards (rows, done, results_total, errors_total, remaining, complete).
+"""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from bulkrun.engine.outputs import RequestOutput, StepStats
 
 
 @dataclass
 class RunStats:
-    started: float = field(default_factory=time.time)
     items: int = 0  # result records this run
     errors: int = 0  # error records this run
     requests: int = 0
@@ -23,6 +29,8 @@ class RunStats:
     kv_used_sum: float = 0.0  # sum over steps of the KV-cache fraction in use
     kv_peak: float = 0.0
     preemptions: int = 0
+    wall_s: float | None = None  # fixed by finish() or merge(); a live run measures from `started`
+    started: float = field(default_factory=time.time)
 
     def on_step(self, stats: StepStats) -> None:
         self.steps += 1
@@ -40,12 +48,39 @@ class RunStats:
         self.cached_prompt_tokens += output.num_cached_tokens
         self.generated_tokens += len(output.output_token_ids)
 
+    def finish(self) -> RunStats:
+        self.wall_s = time.time() - self.started
+        return self
+
     @property
-    def wall_s(self) -> float:
-        return time.time() - self.started
+    def elapsed_s(self) -> float:
+        return self.wall_s if self.wall_s is not None else time.time() - self.started
+
+    @classmethod
+    def merge(cls, parts: list[RunStats], wall_s: float | None = None) -> RunStats:
+        """Slices' figures as one run: counts and sums add up, the KV peak is the highest. The wall
+        time is `wall_s` (the whole job's processing time, as the Ray driver measures it), else the
+        longest slice's (slices of a job array run side by side)."""
+        merged = cls(started=min((p.started for p in parts), default=time.time()))
+        for f in fields(cls):
+            if f.name in ("kv_peak", "wall_s", "started"):
+                continue
+            setattr(merged, f.name, sum(getattr(p, f.name) for p in parts))
+        merged.kv_peak = max((p.kv_peak for p in parts), default=0.0)
+        merged.wall_s = wall_s if wall_s is not None else max((p.elapsed_s for p in parts), default=0.0)
+        return merged
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"wall_s": self.elapsed_s}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RunStats:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
     def summary(self) -> dict:
-        wall = max(self.wall_s, 1e-9)
+        """The run's figures as report.json shows them."""
+        wall = max(self.elapsed_s, 1e-9)
         steps = max(self.steps, 1)
         return {
             "items": self.items,
@@ -53,7 +88,7 @@ class RunStats:
             "requests": self.requests,
             "prompt_tokens": self.prompt_tokens,
             "generated_tokens": self.generated_tokens,
-            "wall_time_s": round(self.wall_s, 3),
+            "wall_time_s": round(self.elapsed_s, 3),
             "items_per_s": round((self.items + self.errors) / wall, 3),
             "generated_tokens_per_s": round(self.generated_tokens / wall, 2),
             "total_tokens_per_s": round((self.prompt_tokens + self.generated_tokens) / wall, 2),
@@ -64,3 +99,39 @@ class RunStats:
             "prefix_cache_hit_rate": round(self.cached_prompt_tokens / max(self.prompt_tokens, 1), 4),
             "preemptions": self.preemptions,
         }
+
+
+def summary_lines(report: dict) -> list[str]:
+    """The few lines printed on stderr at the end of a job command."""
+    rows = report.get("rows")
+    if report.get("complete"):
+        state = "done"
+    elif report.get("remaining") is not None:
+        state = f"stopped with {report['remaining']} of {rows} rows remaining"
+    else:
+        state = "slice done"
+    lines = [f"bulkrun {report.get('task', '')}: {state} -> {report.get('out')}"]
+    if "results_total" in report:
+        errors = report["errors_total"]
+        where = f" (see {_errors_file(report)})" if errors else ""
+        lines.append(f"  rows {rows}: {report['results_total']} results, {errors} errors{where}")
+    lines.append(
+        f"  this run: {report.get('items', 0)} items + {report.get('errors', 0)} errors in "
+        f"{report.get('wall_time_s', 0):.1f}s ({report.get('items_per_s', 0):.2f} items/s), "
+        f"{report.get('prompt_tokens', 0)} prompt + {report.get('generated_tokens', 0)} generated tokens "
+        f"({report.get('total_tokens_per_s', 0):.0f} tok/s)"
+    )
+    if "mean_running_batch" in report:
+        lines.append(
+            f"  engine: mean batch {report['mean_running_batch']}, KV use {report['kv_cache_use_mean']:.0%} "
+            f"(peak {report['kv_cache_use_peak']:.0%}), prefix-cache hits {report['prefix_cache_hit_rate']:.0%}"
+        )
+    metrics = report.get("metrics") or {}
+    if isinstance(metrics.get("accuracy"), int | float):
+        lines.append(f"  accuracy {metrics['accuracy']:.3f}")
+    return lines
+
+
+def _errors_file(report: dict) -> str:
+    names = [f for f in report.get("files") or [] if f.startswith("errors.")]
+    return names[0] if names else "errors/"

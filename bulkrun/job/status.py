@@ -65,7 +65,7 @@ def _progress(out: Path) -> list[dict]:
 
 
 def _slices(out: Path) -> dict | None:
-    from bulkrun.distributed.slices import read_slice_markers
+    from bulkrun.job.slices import read_slice_markers
 
     markers = read_slice_markers(str(out))
     if not markers:

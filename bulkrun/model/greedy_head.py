@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from bulkrun.model.linear import onednn_available
-from bulkrun_kernels.cpu_build import cpu_flags
+from bulkrun_kernels.cpu_dtype import native_bf16
 from bulkrun_kernels.cpu_greedy import row_norms, screened_argmax
 
 _BATCH_HINT = 64  # oneDNN's packing hint: decode steps run tens of rows
-_NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
 class ScreenedGreedyHead:
@@ -27,24 +25,20 @@ class ScreenedGreedyHead:
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.bfloat16(), _BATCH_HINT)
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        """h [N, K] fp32 final hidden rows -> int64 [N] argmax tokens of h @ weight.T."""
+        """h [N, K] final hidden rows (fp32, or a bf16 model's bf16) -> int64 [N] argmax tokens of
+        h @ weight.T, the fp32 product the full head computes."""
+        h = h.float()
         approx = torch.ops.mkldnn._linear_pointwise(h.bfloat16(), self.packed, None, "none", [], "")
         return screened_argmax(approx, h, self.weight, self.norms)
 
 
 def build_greedy_head(model, device: torch.device, dtype: torch.dtype, backend: str):
-    """The screened head for an fp32 CPU model on the native kernels where bf16 is fast; else None.
+    """The screened head for a CPU model with an fp32 LM head (an fp32 model's, or a bf16 model's,
+    whose head the loader keeps in fp32) on the native kernels where bf16 is fast; else None.
     Call it before the Linears are packed: packing drops an untied head's plain weight."""
-    if device.type != "cpu" or dtype != torch.float32 or backend != "cpu" or not native_bf16():
+    if device.type != "cpu" or backend != "cpu" or not native_bf16():
         return None
     weight = model.lm_head.weight
-    if weight is None or model.lm_head.bias is not None:
+    if weight is None or weight.dtype != torch.float32 or model.lm_head.bias is not None:
         return None
     return ScreenedGreedyHead(weight)
-
-
-def native_bf16() -> bool:
-    """oneDNN runs bf16 here on native dot-product instructions (not emulated)."""
-    if not (onednn_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
-        return False
-    return not cpu_flags().isdisjoint(_NATIVE_BF16_FLAGS)

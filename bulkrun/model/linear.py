@@ -13,6 +13,8 @@ The plain weight is dropped once packed (a tied LM head's weight lives on as the
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import psutil
 import torch
 import torch.nn.functional as F
@@ -56,6 +58,14 @@ class Linear(nn.Module):
         self.packed: torch.Tensor | None = None
         self.panels: torch.Tensor | None = None
         self.panel_bias: torch.Tensor | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype inputs must have: the weight's, or its packed copy's once the plain one is dropped."""
+        for t in (self.weight, self.packed, self.panels):
+            if t is not None:
+                return t.dtype
+        raise RuntimeError("a Linear without weights")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.panels is not None and (self.packed is None or x.shape[0] <= SMALL_ROWS):
@@ -101,7 +111,12 @@ def pack_linears_for_cpu(model: nn.Module, panels: bool | None = None) -> bool:
     body_bytes = sum(m.weight.numel() * m.weight.element_size() for m in linears if m is not head)
     # both copies only while they leave room: a second copy of a large model would not fit
     both = body_bytes * 2 < psutil.virtual_memory().available
-    for m in linears:
+
+    def pack(m: Linear) -> None:
         with_panels = panels and m is not head
         m.pack_for_cpu(panels=with_panels, onednn=not with_panels or both)
+
+    # one layer per thread: a oneDNN reorder runs on one core (start-up time)
+    with ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
+        list(pool.map(pack, linears))
     return True

@@ -98,11 +98,16 @@ class LlamaForCausalLM(nn.Module):
         self.register_buffer("cos_sin_cache", torch.empty(0), persistent=False)
 
     def init_rotary(self, max_positions: int) -> None:
-        """cos_sin_cache[p] = [cos(p * f) | sin(p * f)], computed in fp32 as transformers does."""
+        """cos_sin_cache[p] = [cos(p * f) | sin(p * f)], computed in fp32 as transformers does. On the
+        CPU it stays fp32 whatever the model's dtype (the rotation runs in fp32 and rounds q and k
+        once); elsewhere it takes the model's dtype."""
         inv_freq = self.cfg.inv_freq()
         freqs = torch.arange(max_positions, dtype=torch.int64).float()[:, None] * inv_freq[None, :]
         cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
-        self.cos_sin_cache = cache.to(device=self.norm.device, dtype=self.norm.dtype)
+        device = self.norm.device
+        self.cos_sin_cache = cache.to(
+            device=device, dtype=torch.float32 if device.type == "cpu" else self.norm.dtype
+        )
 
     def forward(
         self,
@@ -117,7 +122,8 @@ class LlamaForCausalLM(nn.Module):
     def final_hidden(self, input_ids, md: AttentionMetadata, kv_caches, logits_indices) -> torch.Tensor:
         """Run the packed step; return the LM head's input (the final normed hidden state) for the
         logits_indices rows only, [len(logits_indices), hidden]."""
-        x, residual = F.embedding(input_ids, self.embed_tokens), None
+        # the embedding may be kept wider than the layers (a CPU bf16 model's is fp32, tied to the head)
+        x, residual = F.embedding(input_ids, self.embed_tokens).to(self.norm.dtype), None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x, residual = layer(self.ops, x, residual, md, self.cos_sin_cache, k_cache, v_cache)
         if logits_indices.numel() == 0:
@@ -126,7 +132,8 @@ class LlamaForCausalLM(nn.Module):
         return self.ops.rms_norm(x, self.norm, self.cfg.rms_norm_eps, residual)[0]
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """fp32 logits [N, vocab] of final hidden rows h [N, hidden]."""
+        """fp32 logits [N, vocab] of final hidden rows h [N, hidden] (in the head's own dtype: a CPU
+        bf16 model's head is fp32, so its logits are fp32 products of the bf16 hidden rows)."""
         if h.shape[0] == 0:
             return torch.empty(0, self.cfg.vocab_size, dtype=torch.float32, device=h.device)
-        return self.lm_head(h).float()
+        return self.lm_head(h.to(self.lm_head.dtype)).float()

@@ -1,4 +1,5 @@
-"""Load a Hugging Face safetensors checkpoint into our fused-projection model."""
+"""Load a Hugging Face safetensors checkpoint into our fused-projection model (on the CPU, from the
+converted copy weight_cache keeps after the first load)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from bulkrun.model import weight_cache
 from bulkrun.model.config import ModelConfig
 from bulkrun.model.llama import LlamaForCausalLM
 
@@ -29,12 +31,55 @@ _FUSED = {
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
+# A CPU model in a narrower dtype keeps these in float32: the LM head's logits (and the exact greedy
+# screen over them) stay fp32 products of the bf16 hidden state, and the embedding is tied to it.
+_FP32_ON_CPU = ("embed_tokens", "lm_head.weight")
+
+
+def param_dtype(name: str, dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype parameter `name` is stored in for a model run in `dtype` on `device`."""
+    return torch.float32 if device.type == "cpu" and name in _FP32_ON_CPU else dtype
+
+
 def load_model(model_dir: str | Path, ops, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
     """Build the model for model_dir's config and fill every parameter from its safetensors files."""
     model_dir = Path(model_dir)
     cfg = ModelConfig.from_model_dir(model_dir)
-    tensors = _open_checkpoint(model_dir)
     model = LlamaForCausalLM(cfg, ops)
+    cached = weight_cache.cache_path(model_dir, dtype) if _cacheable(model_dir, device) else None
+    if cached is None or not _fill_from_cache(model, cached, dtype, device):
+        _fill_from_checkpoint(model, model_dir, cfg, dtype, device)
+        if cached is not None:
+            weight_cache.write(cached, dict(model.named_parameters()))
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens
+    model.init_rotary(cfg.max_model_len)
+    return model.eval()
+
+
+def _cacheable(model_dir: Path, device: torch.device) -> bool:
+    return device.type == "cpu" and weight_cache.worth_caching(model_dir)
+
+
+def _fill_from_cache(model: LlamaForCausalLM, path: Path, dtype: torch.dtype, device: torch.device) -> bool:
+    """Point every parameter at its tensor in the mapped cache file; False (nothing changed) when
+    there is no file or it does not hold exactly this model's parameters."""
+    tensors = weight_cache.read(path)
+    params = dict(model.named_parameters())
+    if tensors is None or tensors.keys() != params.keys():
+        return False
+    for name, param in params.items():
+        t = tensors[name]
+        if t.shape != param.shape or t.dtype != param_dtype(name, dtype, device):
+            return False
+    for name, param in params.items():
+        param.data = tensors[name]
+    return True
+
+
+def _fill_from_checkpoint(model, model_dir: Path, cfg: ModelConfig, dtype, device) -> None:
+    """Fill every parameter from the safetensors files (fusing, casting); refuse missing or extra weights."""
+    tensors = _open_checkpoint(model_dir)
     used: set[str] = set()
     for name, param in model.named_parameters():
         sources = _sources(name, cfg)
@@ -46,16 +91,13 @@ def load_model(model_dir: str | Path, ops, dtype: torch.dtype, device: torch.dev
         )
         if value.shape != param.shape:
             raise ValueError(f"{sources[0]} has shape {tuple(value.shape)}, expected {tuple(param.shape)}")
-        param.data = value.to(device=device, dtype=dtype).contiguous()
+        param.data = value.to(device=device, dtype=param_dtype(name, dtype, device)).contiguous()
         used.update(sources)
     if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens
         used.add("lm_head.weight")
     unexpected = [n for n in tensors if n not in used and not n.endswith(_IGNORED_SUFFIXES)]
     if unexpected:
         raise ValueError(f"checkpoint in {model_dir} has weights this model does not use: {unexpected[:5]}")
-    model.init_rotary(cfg.max_model_len)
-    return model.eval()
 
 
 def _sources(name: str, cfg: ModelConfig) -> tuple[str, ...]:

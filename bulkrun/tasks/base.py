@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from bulkrun.engine.outputs import RequestOutput
 from bulkrun.engine.params import EngineRequest, SamplingParams
+from bulkrun.errors import RowError
 
 
 @dataclass(slots=True)
@@ -24,16 +25,6 @@ class Item:
     index: int  # row number in the input, 0-based (JSONL: line number); unique and stable across runs
     id: str  # from --id-field, else str(index)
     fields: dict  # the row's columns (OpenAI batch lines: {"messages": [...], "body": {...}})
-
-
-class RowError(Exception):
-    """A row that cannot be processed; becomes an error record (id, row, kind, message)."""
-
-    def __init__(self, kind: str, message: str, item_id: str | None = None):
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-        self.item_id = item_id  # the row's id when it is known although the row is bad
 
 
 class RawText(str):
@@ -65,6 +56,9 @@ class Task(ABC):
     # Defaults of shared options that suit this task better (e.g. summarize: more max_tokens);
     # a spec or a flag still overrides them.
     default_overrides: ClassVar[dict[str, Any]] = {}
+    # Whether render() reads --text-field (without --prompt-template): the job layer then checks,
+    # before any work, that the input has that field.
+    uses_text_field: ClassVar[bool] = True
 
     @classmethod
     def from_options(cls, options: dict) -> Task:
@@ -118,8 +112,10 @@ def fill_template(template: str, fields: dict) -> str:
     """Fill `{field}` placeholders from the row; a missing field is a RowError."""
     values = {}
     for name in template_fields(template):
-        if name not in fields or fields[name] is None:
+        if name not in fields:
             raise RowError("template_field_missing", f"prompt template needs field '{name}'")
+        if fields[name] is None:
+            raise RowError("null_field", f"prompt template field '{name}' is null")
         values[name] = _as_text(fields[name], name)
     return template.format_map(values)
 
@@ -146,8 +142,10 @@ def _check_encodable(value: str, name: str) -> None:
 
 def text_field(fields: dict, name: str) -> str:
     """The row's text field, checked: present, a string, not empty."""
-    if name not in fields or fields[name] is None:
+    if name not in fields:
         raise RowError("missing_field", f"field '{name}' is missing")
+    if fields[name] is None:
+        raise RowError("null_field", f"field '{name}' is null")
     value = fields[name]
     if not isinstance(value, str | bytes):
         raise RowError("not_a_string", f"field '{name}' is {type(value).__name__}, not a string")

@@ -1,6 +1,7 @@
 // The CPU native ops, registered as torch.ops.bulkrun_cpu.*: paged attention (paged_attention.cpp)
 // and the small fused ops around it. Each replaces several PyTorch ops that would each make a full
-// pass over memory; all take fp32 and write into tensors the Python wrappers allocate.
+// pass over memory; all take float32 or bfloat16 (computing in float32) and write into tensors the
+// Python wrappers allocate.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -8,6 +9,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "vec_math.h"
 
@@ -22,52 +24,90 @@ namespace {
 constexpr int64_t kRowGrain = 16;  // rows per parallel task: small tensors stay on one thread
 
 void check_rows(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.scalar_type() == at::kFloat, name, " must be float32");
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, name,
+              " must be float32 or bfloat16");
   TORCH_CHECK(t.dim() >= 2 && t.stride(-1) == 1, name, " must have contiguous rows");
 }
 
-// (x + residual) -> residual_out; weight * normalised(x + residual) -> out. residual may be undefined.
+// The element pointer of a float32 or bfloat16 tensor (bf16 = its bits); null for an undefined one.
+template <typename T>
+T* elements(const at::Tensor& t) {
+  if (!t.defined()) return nullptr;
+  return static_cast<T*>(t.data_ptr());
+}
+
+// f(T{}) with T = float or bf16 as t's dtype says
+template <typename F>
+void with_type(const at::Tensor& t, F&& f) {
+  if (t.scalar_type() == at::kBFloat16) return f(bf16{});
+  return f(float{});
+}
+
+// (x + residual) -> residual_out; weight * normalised(x + residual) -> out, in float32 throughout
+// (each output rounded once). residual may be undefined. x/out, residual/residual_out and weight may
+// each be float32 or bfloat16, so a bf16 model can keep its residual stream in float32.
+template <typename X, typename R, typename W>
+void rms_norm_typed(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, float eps,
+                    at::Tensor& out, at::Tensor& residual_out) {
+  const int64_t rows = x.size(0), h = x.size(1);
+  const X* xp = elements<X>(x);
+  const R* rp = elements<R>(residual);
+  const int64_t xs = x.stride(0), rs = rp ? residual.stride(0) : 0;
+  const W* wp = elements<W>(weight);
+  X* op = elements<X>(out);
+  R* rop = elements<R>(residual_out);
+  const int64_t os = out.stride(0), ros = residual_out.stride(0);
+  at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
+    std::vector<float> sum_row(h);  // x + residual before any rounding to R
+    float* v = sum_row.data();
+    for (int64_t i = begin; i < end; ++i) {
+      const X* xi = xp + i * xs;
+      R* ri = rop + i * ros;
+      float sum = 0.f;
+      if (rp) {
+        const R* res = rp + i * rs;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < h; ++j) {
+          v[j] = to_float(from_float<R>(to_float(xi[j]) + to_float(res[j])));
+          ri[j] = from_float<R>(v[j]);
+          sum += v[j] * v[j];
+        }
+      } else {
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < h; ++j) {
+          v[j] = to_float(from_float<R>(to_float(xi[j])));
+          ri[j] = from_float<R>(v[j]);
+          sum += v[j] * v[j];
+        }
+      }
+      const float inv = 1.f / std::sqrt(sum / static_cast<float>(h) + eps);
+      X* oi = op + i * os;
+#pragma omp simd
+      for (int64_t j = 0; j < h; ++j) oi[j] = from_float<X>(to_float(wp[j]) * (v[j] * inv));
+    }
+  });
+}
+
 void rms_norm(const at::Tensor& x, const c10::optional<at::Tensor>& residual, const at::Tensor& weight,
               double eps, at::Tensor& out, at::Tensor& residual_out) {
   check_rows(x, "x");
   check_rows(out, "out");
   check_rows(residual_out, "residual_out");
-  TORCH_CHECK(weight.is_contiguous() && weight.scalar_type() == at::kFloat, "weight must be float32");
-  const int64_t rows = x.size(0), h = x.size(1);
-  const bool add = residual.has_value() && residual->defined();
-  const float* xp = x.data_ptr<float>();
-  const float* rp = add ? residual->data_ptr<float>() : nullptr;
-  const int64_t xs = x.stride(0), rs = add ? residual->stride(0) : 0;
-  const float* wp = weight.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  float* rop = residual_out.data_ptr<float>();
-  const int64_t os = out.stride(0), ros = residual_out.stride(0);
-  const float epsf = static_cast<float>(eps);
-  at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float* xi = xp + i * xs;
-      float* ri = rop + i * ros;
-      float sum = 0.f;
-      if (add) {
-        const float* res = rp + i * rs;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < h; ++j) {
-          const float v = xi[j] + res[j];
-          ri[j] = v;
-          sum += v * v;
-        }
-      } else {
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < h; ++j) {
-          ri[j] = xi[j];
-          sum += xi[j] * xi[j];
-        }
-      }
-      const float inv = 1.f / std::sqrt(sum / static_cast<float>(h) + epsf);
-      float* oi = op + i * os;
-#pragma omp simd
-      for (int64_t j = 0; j < h; ++j) oi[j] = wp[j] * (ri[j] * inv);
-    }
+  TORCH_CHECK(out.scalar_type() == x.scalar_type(), "out must have x's dtype");
+  TORCH_CHECK(weight.is_contiguous() && weight.numel() == x.size(1), "weight must be contiguous, one per column");
+  TORCH_CHECK(weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16, "bad weight dtype");
+  const at::Tensor res = residual.has_value() ? *residual : at::Tensor();
+  if (res.defined()) {
+    check_rows(res, "residual");
+    TORCH_CHECK(res.scalar_type() == residual_out.scalar_type(), "residual and residual_out dtypes differ");
+  }
+  with_type(x, [&](auto xt) {
+    with_type(residual_out, [&](auto rt) {
+      with_type(weight, [&](auto wt) {
+        rms_norm_typed<decltype(xt), decltype(rt), decltype(wt)>(x, res, weight, static_cast<float>(eps), out,
+                                                                residual_out);
+      });
+    });
   });
 }
 
@@ -75,83 +115,105 @@ void rms_norm(const at::Tensor& x, const c10::optional<at::Tensor>& residual, co
 void silu_and_mul(const at::Tensor& x, at::Tensor& out) {
   check_rows(x, "x");
   check_rows(out, "out");
-  const int64_t rows = x.size(0), inter = out.size(1);
-  const float* xp = x.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const int64_t xs = x.stride(0), os = out.stride(0);
-  at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float* gate = xp + i * xs;
-      const float* up = gate + inter;
-      float* oi = op + i * os;
+  TORCH_CHECK(out.scalar_type() == x.scalar_type(), "out must have x's dtype");
+  with_type(x, [&](auto type) {
+    using T = decltype(type);
+    const int64_t rows = x.size(0), inter = out.size(1);
+    const T* xp = elements<T>(x);
+    T* op = elements<T>(out);
+    const int64_t xs = x.stride(0), os = out.stride(0);
+    at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const T* gate = xp + i * xs;
+        const T* up = gate + inter;
+        T* oi = op + i * os;
 #pragma omp simd
-      for (int64_t j = 0; j < inter; ++j) oi[j] = gate[j] / (1.f + vec_exp(-gate[j])) * up[j];
-    }
+        for (int64_t j = 0; j < inter; ++j) {
+          const float g = to_float(gate[j]);
+          oi[j] = from_float<T>(g / (1.f + vec_exp(-g)) * to_float(up[j]));
+        }
+      }
+    });
   });
 }
 
 // Rotate-half rotary embedding: out[t, h] = rotate(x[t, h]) by cache[positions[t]] = cos | sin.
 // out may be x itself (each element is read before it is written).
-void rotate(const float* x, float* out, int64_t x_head_stride, int64_t out_head_stride, int64_t heads,
-            int64_t half, const float* cos, const float* sin) {
+template <typename T, typename C>
+void rotate(const T* x, T* out, int64_t x_head_stride, int64_t out_head_stride, int64_t heads,
+            int64_t half, const C* cos, const C* sin) {
   for (int64_t hd = 0; hd < heads; ++hd) {
-    const float* x1 = x + hd * x_head_stride;
-    const float* x2 = x1 + half;
-    float* o1 = out + hd * out_head_stride;
-    float* o2 = o1 + half;
+    const T* x1 = x + hd * x_head_stride;
+    const T* x2 = x1 + half;
+    T* o1 = out + hd * out_head_stride;
+    T* o2 = o1 + half;
 #pragma omp simd
     for (int64_t j = 0; j < half; ++j) {
-      const float a = x1[j], b = x2[j];
-      o1[j] = a * cos[j] - b * sin[j];
-      o2[j] = b * cos[j] + a * sin[j];
+      const float a = to_float(x1[j]), b = to_float(x2[j]), c = to_float(cos[j]), s = to_float(sin[j]);
+      o1[j] = from_float<T>(a * c - b * s);
+      o2[j] = from_float<T>(b * c + a * s);
     }
   }
 }
 
 void rotary(const at::Tensor& q, const at::Tensor& k, const at::Tensor& positions,
             const at::Tensor& cos_sin_cache, at::Tensor& q_out, at::Tensor& k_out) {
-  for (const at::Tensor* t : {&q, &k, static_cast<const at::Tensor*>(&q_out), static_cast<const at::Tensor*>(&k_out)})
+  for (const at::Tensor* t : {&q, &k, static_cast<const at::Tensor*>(&q_out), static_cast<const at::Tensor*>(&k_out)}) {
     check_rows(*t, "q/k");
-  TORCH_CHECK(cos_sin_cache.is_contiguous() && cos_sin_cache.scalar_type() == at::kFloat, "bad rotary cache");
+    TORCH_CHECK(t->scalar_type() == q.scalar_type(), "q, k and their outputs must share a dtype");
+  }
+  check_rows(cos_sin_cache, "cos_sin_cache");
+  TORCH_CHECK(cos_sin_cache.is_contiguous(), "bad rotary cache");
   TORCH_CHECK(positions.is_contiguous() && positions.scalar_type() == at::kLong, "positions must be int64");
   const int64_t tokens = q.size(0), half = q.size(2) / 2, width = cos_sin_cache.size(1);
   const int64_t* pos = positions.data_ptr<int64_t>();
-  const float* cache = cos_sin_cache.data_ptr<float>();
-  const float* qp = q.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  float* qo = q_out.data_ptr<float>();
-  float* ko = k_out.data_ptr<float>();
-  at::parallel_for(0, tokens, kRowGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const float* cos = cache + pos[t] * width;
-      const float* sin = cos + half;
-      rotate(qp + t * q.stride(0), qo + t * q_out.stride(0), q.stride(1), q_out.stride(1), q.size(1), half, cos, sin);
-      rotate(kp + t * k.stride(0), ko + t * k_out.stride(0), k.stride(1), k_out.stride(1), k.size(1), half, cos, sin);
-    }
+  with_type(q, [&](auto qt) {
+    with_type(cos_sin_cache, [&](auto ct) {
+      using T = decltype(qt);
+      using C = decltype(ct);
+      const C* cache = elements<C>(cos_sin_cache);
+      const T* qp = elements<T>(q);
+      const T* kp = elements<T>(k);
+      T* qo = elements<T>(q_out);
+      T* ko = elements<T>(k_out);
+      at::parallel_for(0, tokens, kRowGrain, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+          const C* cos = cache + pos[t] * width;
+          const C* sin = cos + half;
+          rotate(qp + t * q.stride(0), qo + t * q_out.stride(0), q.stride(1), q_out.stride(1), q.size(1), half, cos, sin);
+          rotate(kp + t * k.stride(0), ko + t * k_out.stride(0), k.stride(1), k_out.stride(1), k.size(1), half, cos, sin);
+        }
+      });
+    });
   });
 }
 
-// k_cache.view(-1, Hk, D)[slot_mapping[t]] = k[t] (and v); slots < 0 are skipped (padding).
+// k_cache.view(-1, Hk, D)[slot_mapping[t]] = k[t] (and v); slots < 0 are skipped (padding). A byte
+// copy: k, v and the cache share one dtype (float32 or bfloat16).
 void write_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
               const at::Tensor& slot_mapping) {
   TORCH_CHECK(k.stride(2) == 1 && k.stride(1) == k.size(2), "k rows must be contiguous");
   TORCH_CHECK(v.stride(2) == 1 && v.stride(1) == v.size(2), "v rows must be contiguous");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "the KV cache must be contiguous");
-  TORCH_CHECK(k.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat, "float32 only");
+  const auto dtype = k_cache.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "the KV cache must be float32 or bfloat16");
+  TORCH_CHECK(k.scalar_type() == dtype && v.scalar_type() == dtype && v_cache.scalar_type() == dtype,
+              "k, v and the KV cache must share a dtype");
   TORCH_CHECK(slot_mapping.is_contiguous() && slot_mapping.scalar_type() == at::kLong, "slots must be int64");
-  const int64_t tokens = k.size(0), row = k.size(1) * k.size(2);
+  const int64_t tokens = k.size(0), row = k.size(1) * k.size(2), item = k.element_size();
   const int64_t slots = k_cache.numel() / row;
   const int64_t* slot = slot_mapping.data_ptr<int64_t>();
   for (int64_t t = 0; t < tokens; ++t) TORCH_CHECK(slot[t] < slots, "slot out of range");
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
-  float* kc = k_cache.data_ptr<float>();
-  float* vc = v_cache.data_ptr<float>();
+  const char* kp = static_cast<const char*>(k.data_ptr());
+  const char* vp = static_cast<const char*>(v.data_ptr());
+  char* kc = static_cast<char*>(k_cache.data_ptr());
+  char* vc = static_cast<char*>(v_cache.data_ptr());
+  const int64_t row_bytes = row * item, ks = k.stride(0) * item, vs = v.stride(0) * item;
   at::parallel_for(0, tokens, 64, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       if (slot[t] < 0) continue;
-      std::memcpy(kc + slot[t] * row, kp + t * k.stride(0), row * sizeof(float));
-      std::memcpy(vc + slot[t] * row, vp + t * v.stride(0), row * sizeof(float));
+      std::memcpy(kc + slot[t] * row_bytes, kp + t * ks, row_bytes);
+      std::memcpy(vc + slot[t] * row_bytes, vp + t * vs, row_bytes);
     }
   });
 }

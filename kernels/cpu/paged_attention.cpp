@@ -1,5 +1,7 @@
-// Paged attention for the CPU, fp32: every sequence's new queries against its cached K/V, read in
-// place through the block table (no gathered copy), causal, grouped-query.
+// Paged attention for the CPU: every sequence's new queries against its cached K/V, read in place
+// through the block table (no gathered copy), causal, grouped-query. q, the cache and out are all
+// float32 or all bfloat16 (a bf16 cache: half the bytes to stream); scores, softmax and value sums
+// are float32 either way, and each output is rounded once.
 //
 // Why native code: on the CPU decode attention is bound by memory traffic. The PyTorch reference
 // copies each sequence's K/V blocks into a contiguous buffer before SDPA reads them again; here every
@@ -31,6 +33,9 @@ constexpr int64_t kRowBlock = 8;  // query rows scored together against transpos
 // decode rows: each group of keys is prefetched into L2 a group ahead, and each key into L1 this many
 // keys ahead (0.62-0.65 -> 0.59-0.61 ms a layer at 48 rows; 8 measured the same)
 constexpr int64_t kL1Ahead = 4;
+// 16-element vectors per 64-byte cache line: one prefetch per line
+template <typename T>
+constexpr int kVectorsPerLine = 64 / (16 * sizeof(T));
 
 struct Geometry {
   int64_t num_q_heads, num_kv_heads, group, block_size, max_blocks;
@@ -47,8 +52,8 @@ struct WorkItem {
 // others are never read) -> scores[r] (lane j = key j). For the many rows of a prompt chunk: transpose
 // the 16 keys once, then each row is NV*16 broadcast-FMAs across all 16 keys, 8 rows at a time so the
 // FMAs do not wait on each other. (Decode-sized items take score_keys_few.)
-template <int NV>
-void score_keys(const F16* q, int64_t rows, const float* const* keys, int64_t n, F16* scores) {
+template <int NV, typename T>
+void score_keys(const F16* q, int64_t rows, const T* const* keys, int64_t n, F16* scores) {
   F16 keys_t[NV][kKeys];  // keys_t[c][x] lane j = key j, dim 16c + x
   for (int c = 0; c < NV; ++c) {
     for (int64_t j = 0; j < kKeys; ++j) keys_t[c][j] = j < n ? load16(keys[j] + 16 * c) : F16{};
@@ -108,8 +113,8 @@ inline float softmax_row(F16* pr, int64_t seen, int64_t key_groups) {
 
 // score_keys for a compile-time R < 6 rows: key by key, each key's vectors loaded once for all rows
 // and the rows' queries held in registers (the row-by-row loop reloaded both for every product).
-template <int NV, int R>
-void score_keys_few(const F16* q, const float* const* keys, int64_t n, F16* scores) {
+template <int NV, int R, typename T>
+void score_keys_few(const F16* q, const T* const* keys, int64_t n, F16* scores) {
   F16 qr[R][NV];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < NV; ++c) qr[r][c] = q[r * NV + c];
@@ -136,10 +141,9 @@ void score_keys_few(const F16* q, const float* const* keys, int64_t n, F16* scor
 // max, one exp and one sum per row: no running rescale), then the probability-weighted values,
 // several rows at a time so each value row is loaded once for all of them. NV = head_dim / 16.
 // Rows are ordered (tile token, q head of this kv head's group).
-template <int NV>
-void run_item(const WorkItem& w, const Geometry& g, const float* q, const float* k_cache,
-              const float* v_cache, const int32_t* table, int64_t token0, int64_t new_tokens,
-              int64_t context, float* out) {
+template <int NV, typename T>
+void run_item(const WorkItem& w, const Geometry& g, const T* q, const T* k_cache, const T* v_cache,
+              const int32_t* table, int64_t token0, int64_t new_tokens, int64_t context, T* out) {
   const int64_t tile = w.q_end - w.q_begin, group = g.group, rows = tile * group;
   // rows per sweep over the values: their R x NV sums stay in registers (6 x 4 at head_dim 64: 3.38 ->
   // 3.08 ms a prompt-chunk layer against 4 rows)
@@ -162,16 +166,16 @@ void run_item(const WorkItem& w, const Geometry& g, const float* q, const float*
   const I16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   // + kv head * head_dim selects a head
   const int64_t* offsets = key_row_offsets(table, g.block_size, num_keys, key_stride);
-  auto rows_of = [&](const float* cache, int64_t kvh, int64_t key0, int64_t n, const float** out_rows) {
+  auto rows_of = [&](const T* cache, int64_t kvh, int64_t key0, int64_t n, const T** out_rows) {
     for (int64_t j = 0; j < n; ++j) out_rows[j] = cache + offsets[key0 + j] + kvh * NV * 16;
   };
   // ask for the next group's rows now, so they arrive while this group computes
-  auto prefetch_group = [&](const float* cache, int64_t kvh, int64_t key0) {
+  auto prefetch_group = [&](const T* cache, int64_t kvh, int64_t key0) {
     const int64_t n = std::min(kKeys, num_keys - key0);
-    const float* next[kKeys];
+    const T* next[kKeys];
     rows_of(cache, kvh, key0, n, next);
     for (int64_t j = 0; j < n; ++j)
-      for (int c = 0; c < NV; ++c) prefetch_l1(next[j] + 16 * c);
+      for (int c = 0; c < NV; c += kVectorsPerLine<T>) prefetch_l1(next[j] + 16 * c);
   };
 
   // rows r0 .. r0+R-1 of kv head kvh: out = probs . values / row_sum, R rows per sweep over the values
@@ -182,7 +186,7 @@ void run_item(const WorkItem& w, const Geometry& g, const float* q, const float*
     const int64_t sweep_groups = groups_seen(r0 + R - 1);
     for (int64_t kg = 0; kg < sweep_groups; ++kg) {
       const int64_t key0 = kg * kKeys, n = std::min(kKeys, num_keys - key0);
-      const float* values[kKeys];
+      const T* values[kKeys];
       rows_of(v_cache, kvh, key0, n, values);
       if (kg + 1 < sweep_groups) prefetch_group(v_cache, kvh, key0 + kKeys);
       F16 p[R];
@@ -196,7 +200,7 @@ void run_item(const WorkItem& w, const Geometry& g, const float* q, const float*
     }
     for (int64_t i = 0; i < R; ++i) {
       const int64_t r = r0 + i, token = w.q_begin + r / group, h = kvh * group + r % group;
-      float* dst = out + (token0 + token) * g.out_stride_token + h * g.out_stride_head;
+      T* dst = out + (token0 + token) * g.out_stride_token + h * g.out_stride_head;
       const float inv = 1.f / row_sum[r];
       for (int c = 0; c < NV; ++c) store16(dst + 16 * c, acc[i][c] * inv);
     }
@@ -205,14 +209,14 @@ void run_item(const WorkItem& w, const Geometry& g, const float* q, const float*
   for (int64_t kvh = 0; kvh < g.num_kv_heads; ++kvh) {
     for (int64_t i = 0, r = 0; i < tile; ++i)
       for (int64_t h = 0; h < group; ++h, ++r) {
-        const float* src = q + (token0 + w.q_begin + i) * g.q_stride_token + (kvh * group + h) * g.q_stride_head;
+        const T* src = q + (token0 + w.q_begin + i) * g.q_stride_token + (kvh * group + h) * g.q_stride_head;
         for (int c = 0; c < NV; ++c) q_rows[r * NV + c] = load16(src + 16 * c) * g.scale;
       }
     // pass 1: scores, causally masked (a masked lane's probability is exactly 0)
     for (int64_t kg = 0; kg < key_groups; ++kg) {
       const int64_t key0 = kg * kKeys;
       const int64_t n = std::min(kKeys, num_keys - key0);
-      const float* keys[kKeys];
+      const T* keys[kKeys];
       rows_of(k_cache, kvh, key0, n, keys);
       if (kg + 1 < key_groups) prefetch_group(k_cache, kvh, key0 + kKeys);
       // rows before the first token that sees key0 are all masked here: start at its row block
@@ -239,10 +243,9 @@ void run_item(const WorkItem& w, const Geometry& g, const float* q, const float*
 // the hardware prefetcher streams, instead of three strided walks over it. The value sums of every
 // (kv head, row) live in a small buffer between key groups. Scores are 16 dot products summed by one
 // shuffle tree (score_keys_few); softmax and value sums are run_item's.
-template <int NV, int R>
-void run_item_few(const WorkItem& w, const Geometry& g, const float* q, const float* k_cache,
-                  const float* v_cache, const int32_t* table, int64_t token0, int64_t new_tokens,
-                  int64_t context, float* out) {
+template <int NV, int R, typename T>
+void run_item_few(const WorkItem& w, const Geometry& g, const T* q, const T* k_cache, const T* v_cache,
+                  const int32_t* table, int64_t token0, int64_t new_tokens, int64_t context, T* out) {
   const int64_t group = g.group, heads = g.num_kv_heads;
   const int64_t head_floats = NV * 16, key_stride = heads * head_floats;
   const int64_t first_pos = context - new_tokens;
@@ -262,17 +265,17 @@ void run_item_few(const WorkItem& w, const Geometry& g, const float* q, const fl
   const int64_t* offsets = key_row_offsets(table, g.block_size, num_keys, key_stride);
   // the next group's whole key rows, into L2 (a burst of L1 prefetches stalls on L1's few miss
   // buffers: 0.97 ms a layer against 0.68 here), a share of the keys per kv head visited
-  auto prefetch_rows = [&](const float* cache, int64_t key0, int64_t part, int64_t parts) {
+  auto prefetch_rows = [&](const T* cache, int64_t key0, int64_t part, int64_t parts) {
     const int64_t n = std::min(kKeys, num_keys - key0);
     for (int64_t j = part; j < n; j += parts)
-      for (int64_t f = 0; f < key_stride; f += 16) prefetch_l2(cache + offsets[key0 + j] + f);
+      for (int64_t f = 0; f < key_stride; f += 16 * kVectorsPerLine<T>) prefetch_l2(cache + offsets[key0 + j] + f);
   };
 
   prefetch_rows(k_cache, 0, 0, 1);  // the first group, while the queries are gathered
   for (int64_t kvh = 0; kvh < heads; ++kvh)
     for (int64_t r = 0; r < R; ++r) {
       const int64_t token = w.q_begin + r / group, h = kvh * group + r % group;
-      const float* src = q + (token0 + token) * g.q_stride_token + h * g.q_stride_head;
+      const T* src = q + (token0 + token) * g.q_stride_token + h * g.q_stride_head;
       for (int c = 0; c < NV; ++c) q_rows[(kvh * R + r) * NV + c] = load16(src + 16 * c) * g.scale;
     }
   // pass 1: scores, causally masked
@@ -282,7 +285,7 @@ void run_item_few(const WorkItem& w, const Geometry& g, const float* q, const fl
       // the next group of keys, or after the last one the first group of values
       if (kg + 1 < key_groups) prefetch_rows(k_cache, key0 + kKeys, kvh, heads);
       else prefetch_rows(v_cache, 0, kvh, heads);
-      const float* keys[kKeys];
+      const T* keys[kKeys];
       for (int64_t j = 0; j < n; ++j) keys[j] = k_cache + offsets[key0 + j] + kvh * head_floats;
       score_keys_few<NV, R>(q_rows + kvh * R * NV, keys, n, group_scores);
       for (int64_t r = 0; r < R; ++r) {
@@ -304,9 +307,9 @@ void run_item_few(const WorkItem& w, const Geometry& g, const float* q, const fl
         for (int c = 0; c < NV; ++c) a[i][c] = acc[(kvh * R + i) * NV + c];
       }
       for (int64_t j = 0; j < n; ++j) {
-        const float* vj = v_cache + offsets[key0 + j] + kvh * head_floats;
+        const T* vj = v_cache + offsets[key0 + j] + kvh * head_floats;
         if (j + kL1Ahead < n)
-          for (int c = 0; c < NV; ++c) prefetch_l1(v_cache + offsets[key0 + j + kL1Ahead] + kvh * head_floats + 16 * c);
+          for (int c = 0; c < NV; c += kVectorsPerLine<T>) prefetch_l1(v_cache + offsets[key0 + j + kL1Ahead] + kvh * head_floats + 16 * c);
         F16 v[NV];
         for (int c = 0; c < NV; ++c) v[c] = load16(vj + 16 * c);
         for (int64_t i = 0; i < R; ++i)
@@ -319,15 +322,15 @@ void run_item_few(const WorkItem& w, const Geometry& g, const float* q, const fl
   for (int64_t kvh = 0; kvh < heads; ++kvh)
     for (int64_t r = 0; r < R; ++r) {
       const int64_t token = w.q_begin + r / group, h = kvh * group + r % group;
-      float* dst = out + (token0 + token) * g.out_stride_token + h * g.out_stride_head;
+      T* dst = out + (token0 + token) * g.out_stride_token + h * g.out_stride_head;
       const float inv = 1.f / row_sum[kvh * R + r];
       for (int c = 0; c < NV; ++c) store16(dst + 16 * c, acc[(kvh * R + r) * NV + c] * inv);
     }
 }
 
-template <int NV>
-void run_all(const std::vector<WorkItem>& items, const Geometry& g, const float* q, const float* k,
-             const float* v, const int32_t* tables, const int32_t* starts, const int32_t* lens, float* out) {
+template <int NV, typename T>
+void run_all(const std::vector<WorkItem>& items, const Geometry& g, const T* q, const T* k, const T* v,
+             const int32_t* tables, const int32_t* starts, const int32_t* lens, T* out) {
   std::atomic<int64_t> next{0};
   const int64_t count = static_cast<int64_t>(items.size());
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
@@ -337,13 +340,32 @@ void run_all(const std::vector<WorkItem>& items, const Geometry& g, const float*
       const int64_t token0 = starts[w.seq], new_tokens = starts[w.seq + 1] - starts[w.seq];
       switch ((w.q_end - w.q_begin) * g.group) {  // rows per kv head
 #define BULKRUN_FEW(R) \
-  case R: run_item_few<NV, R>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out); break;
+  case R: run_item_few<NV, R, T>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out); break;
         BULKRUN_FEW(1) BULKRUN_FEW(2) BULKRUN_FEW(3) BULKRUN_FEW(4) BULKRUN_FEW(5)
 #undef BULKRUN_FEW
-        default: run_item<NV>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out);
+        default: run_item<NV, T>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out);
       }
     }
   });
+}
+
+template <typename T>
+void dispatch_head_dim(const std::vector<WorkItem>& items, const Geometry& g, const at::Tensor& q,
+                       const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
+                       const int32_t* starts, const int32_t* lens, at::Tensor& out, int64_t head_dim) {
+  const T* qp = static_cast<const T*>(q.data_ptr());
+  const T* kp = static_cast<const T*>(k_cache.data_ptr());
+  const T* vp = static_cast<const T*>(v_cache.data_ptr());
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  T* op = static_cast<T*>(out.data_ptr());
+  switch (head_dim / 16) {  // head sizes 16 .. 128, and 256
+#define BULKRUN_CASE(NV) \
+  case NV: run_all<NV, T>(items, g, qp, kp, vp, tables, starts, lens, op); break;
+    BULKRUN_CASE(1) BULKRUN_CASE(2) BULKRUN_CASE(3) BULKRUN_CASE(4) BULKRUN_CASE(5) BULKRUN_CASE(6)
+    BULKRUN_CASE(7) BULKRUN_CASE(8) BULKRUN_CASE(16)
+#undef BULKRUN_CASE
+    default: TORCH_CHECK(false, "head_dim ", head_dim, " is not supported by the CPU kernel");
+  }
 }
 
 }  // namespace
@@ -352,7 +374,10 @@ void run_all(const std::vector<WorkItem>& items, const Geometry& g, const float*
 void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& query_start_loc,
                      const at::Tensor& seq_lens, double scale, at::Tensor& out) {
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat, "float32 only");
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "q must be float32 or bfloat16");
+  TORCH_CHECK(k_cache.scalar_type() == dtype && v_cache.scalar_type() == dtype && out.scalar_type() == dtype,
+              "q, the KV cache and out must share a dtype");
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [T, Hq, D] with contiguous heads");
   TORCH_CHECK(out.sizes() == q.sizes() && out.stride(2) == 1, "out must match q");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "the KV cache must be contiguous");
@@ -393,19 +418,10 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   }
   std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
 
-  const float* qp = q.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
-  const int32_t* tables = block_tables.data_ptr<int32_t>();
-  float* op = out.data_ptr<float>();
-  switch (head_dim / 16) {  // head sizes 16 .. 128, and 256
-#define BULKRUN_CASE(NV) \
-  case NV: run_all<NV>(items, g, qp, kp, vp, tables, starts, lens, op); break;
-    BULKRUN_CASE(1) BULKRUN_CASE(2) BULKRUN_CASE(3) BULKRUN_CASE(4) BULKRUN_CASE(5) BULKRUN_CASE(6)
-    BULKRUN_CASE(7) BULKRUN_CASE(8) BULKRUN_CASE(16)
-#undef BULKRUN_CASE
-    default: TORCH_CHECK(false, "head_dim ", head_dim, " is not supported by the CPU kernel");
-  }
+  if (dtype == at::kBFloat16)
+    dispatch_head_dim<bf16>(items, g, q, k_cache, v_cache, block_tables, starts, lens, out, head_dim);
+  else
+    dispatch_head_dim<float>(items, g, q, k_cache, v_cache, block_tables, starts, lens, out, head_dim);
 }
 
 }  // namespace bulkrun_cpu

@@ -1,10 +1,19 @@
 // Small math for the CPU kernels, written for the compiler's vector extensions: `F16` is one AVX-512
 // register of 16 floats (two AVX2 registers where AVX-512 is missing). The same templates work on
 // plain floats, so `#pragma omp simd` loops over them vectorize too.
+//
+// Tensors are float32 or bfloat16; a bfloat16 element is held as its bits, `bf16` (torch's
+// at::BFloat16 has the same layout). Kernels compute in float32 either way: load16 / to_float widen
+// on the way in, store16 / from_float round to nearest even on the way out (as torch's .bfloat16()).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 namespace bulkrun_cpu {
 
@@ -15,6 +24,44 @@ typedef int32_t I16 __attribute__((vector_size(64)));
 inline F16 load16(const float* p) { return *reinterpret_cast<const F16Unaligned*>(p); }
 inline void store16(float* p, F16 v) { *reinterpret_cast<F16Unaligned*>(p) = v; }
 inline F16 splat(float x) { return F16{} + x; }
+
+typedef uint16_t bf16;
+typedef uint16_t U16x16Unaligned __attribute__((vector_size(32), aligned(2)));
+typedef uint32_t U32x16 __attribute__((vector_size(64)));
+
+inline float to_float(float x) { return x; }
+inline float to_float(bf16 b) { return __builtin_bit_cast(float, static_cast<uint32_t>(b) << 16); }
+
+// float -> T, rounding to nearest even; a NaN stays a (quiet) NaN
+template <typename T>
+inline T from_float(float x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    const uint32_t u = __builtin_bit_cast(uint32_t, x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<bf16>((u >> 16) | 0x40);
+    return static_cast<bf16>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+}
+
+// bf16 is the top half of an fp32: widen 16 of them by a shift (one instruction with AVX-512)
+inline F16 load16(const bf16* p) {
+#ifdef __AVX512F__
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return __builtin_bit_cast(F16, _mm512_slli_epi32(wide, 16));
+#else
+  return __builtin_bit_cast(F16, __builtin_convertvector(*reinterpret_cast<const U16x16Unaligned*>(p), U32x16) << 16);
+#endif
+}
+
+inline void store16(bf16* p, F16 v) {
+#if defined(__AVX512BF16__)
+  const __m256bh r = _mm512_cvtneps_pbh(__builtin_bit_cast(__m512, v));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), __builtin_bit_cast(__m256i, r));
+#else
+  for (int i = 0; i < 16; ++i) p[i] = from_float<bf16>(v[i]);
+#endif
+}
 
 // A software prefetch into L1 that the compiler keeps: GCC deletes a loop whose body is only
 // __builtin_prefetch calls (it counts them as free of side effects), so x86 gets the instruction itself.

@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
+from helpers.models import make_tiny_model
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "job"))
-
-from jobtest_helpers import make_tiny_model  # noqa: E402
-
-from bulkrun.cli import main  # noqa: E402
-
-# Small engine settings so a test allocates megabytes, not a free-memory-sized KV cache.
-ENGINE_FLAGS = ["--kv-cache-mem", "16MiB", "--max-seqs", "16", "--max-batch-tokens", "512"]
+from bulkrun.cli import main
 
 
 @pytest.fixture(scope="session")

@@ -6,8 +6,8 @@ import json
 
 import pytest
 import typer
-from conftest import ENGINE_FLAGS
-from jobtest_helpers import texts, write_jsonl
+from helpers.models import ENGINE_FLAGS
+from helpers.rows import texts, write_jsonl
 
 from bulkrun import __version__
 from bulkrun.cli.app import app

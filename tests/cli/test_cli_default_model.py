@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from jobtest_helpers import read_jsonl, write_jsonl
+from helpers.rows import read_jsonl, write_jsonl
 
 from bulkrun.errors import EXIT_OK
 
@@ -70,16 +70,27 @@ def test_openai_batch_on_the_default_model(bulkrun, tmp_path, default_model):
     assert outputs[0]["response"]["body"]["usage"]["completion_tokens"] <= 8
 
 
-def test_shipped_classify_spec_on_a_few_tickets(bulkrun, tmp_path, default_model, monkeypatch):
+# Measured with the default model on the 100 shipped tickets (2026-12-01): accuracy 0.22, with all 19
+# shipping tickets labelled shipping (it answers "shipping" for 96 of 100 tickets: a 135M model
+# de-quantized from Q4_1). The majority class (bug) is 22%, so the model does NOT beat it; the floor
+# is set a little below what it really reaches, and the shipping recall pins the scoring itself.
+ACCURACY_FLOOR = 0.20
+
+
+def test_shipped_classify_spec_reaches_its_accuracy_floor_on_the_shipped_tickets(
+    bulkrun, tmp_path, monkeypatch
+):
     monkeypatch.chdir(ROOT)
-    tickets = [json.loads(line) for line in open("bulkrun/data/tickets.jsonl", encoding="utf-8")][:6]
-    path = write_jsonl(tmp_path / "few.jsonl", tickets)
-    code, _, _ = bulkrun(
-        "run", "jobs/classify-tickets.toml", "--input", path, "--out", tmp_path / "out", *ENGINE
-    )
+    tickets = read_jsonl(ROOT / "bulkrun" / "data" / "tickets.jsonl")
+    code, _, _ = bulkrun("run", "jobs/classify-tickets.toml", "--out", tmp_path / "out", *ENGINE)
     assert code == EXIT_OK
     results = read_jsonl(tmp_path / "out" / "results.jsonl")
     assert [r["id"] for r in results] == [t["id"] for t in tickets]
-    assert all(r["label"] in {"billing", "bug", "feature", "shipping", "account"} for r in results)
-    assert all(abs(sum(r["label_probs"].values()) - 1) < 1e-6 for r in results)
     assert results[0]["text"] == tickets[0]["text"]  # keep_fields copies the ticket text
+    truth = {t["id"]: t["label"] for t in tickets}
+    accuracy = sum(r["label"] == truth[r["id"]] for r in results) / len(results)
+    assert accuracy >= ACCURACY_FLOOR
+    shipping = [r for r in results if truth[r["id"]] == "shipping"]
+    assert len(shipping) == 19 and all(r["label"] == "shipping" for r in shipping)
+    metrics_free = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert metrics_free["complete"] and metrics_free["items"] == 100

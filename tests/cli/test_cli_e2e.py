@@ -8,8 +8,8 @@ import json
 import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
-from conftest import ENGINE_FLAGS
-from jobtest_helpers import read_jsonl, texts, write_jsonl
+from helpers.models import ENGINE_FLAGS
+from helpers.rows import read_jsonl, texts, write_jsonl
 
 from bulkrun.errors import EXIT_OK
 

@@ -1,4 +1,4 @@
-"""The CPU native paged attention against the PyTorch reference: decode rows, prompt chunks with and
+"""The CPU native paged attention (float32 and bfloat16) against the PyTorch reference: decode rows, prompt chunks with and
 without earlier context, GQA, every head size it takes, block sizes that do and do not divide its
 16-key groups, block ids past 2^16, poisoned unused cache slots and table entries, strided q."""
 
@@ -39,20 +39,27 @@ def make_batch(query_lens, context_lens, *, heads=(6, 2), head_dim=64, block_siz
     return q, k_cache, v_cache, tables, starts, torch.tensor(context_lens, dtype=torch.int32)
 
 
-def check(batch, q=None):
+def check(batch, q=None, dtype=torch.float32):
+    """The native kernel on `dtype` tensors against the float32 reference on the same values
+    (for bf16: within one bf16 rounding of the output, as it computes in float32)."""
     q0, k_cache, v_cache, tables, starts, lens = batch
     q = q0 if q is None else q
+    q, k_cache, v_cache = (t.to(dtype) for t in (q, k_cache, v_cache))  # NaN slots stay NaN
     scale = q.shape[-1] ** -0.5
-    out = torch.full_like(q0, NAN)
+    out = torch.full_like(q0, NAN, dtype=dtype)
     got = cpu_ops.paged_attention(q, k_cache, v_cache, tables, starts, lens, scale, out=out)
     assert got is out and not torch.isnan(got).any(), "an output element was not written"
     clean = (
-        k_cache.nan_to_num(0.0),
-        v_cache.nan_to_num(0.0),
+        k_cache.float().nan_to_num(0.0),
+        v_cache.float().nan_to_num(0.0),
         torch.where(tables == GARBAGE_BLOCK, 0, tables),
     )
-    want = reference.paged_attention(q.contiguous(), *clean, starts, lens, scale)
-    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+    want = reference.paged_attention(q.float().contiguous(), *clean, starts, lens, scale)
+    atol, rtol = (2e-5, 1e-4) if dtype == torch.float32 else (1e-2, 8e-3)
+    torch.testing.assert_close(got.float(), want, atol=atol, rtol=rtol)
+
+
+DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 
 
 CASES = {
@@ -65,29 +72,34 @@ CASES = {
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_matches_reference(name):
-    check(make_batch(*CASES[name]))
+@DTYPES
+def test_matches_reference(name, dtype):
+    check(make_batch(*CASES[name]), dtype=dtype)
 
 
 @pytest.mark.parametrize("heads", [(4, 4), (6, 2), (8, 1), (12, 3)])
-def test_grouped_query_heads(heads):
-    check(make_batch([1, 9, 1], [30, 25, 48], heads=heads, seed=1))
+@DTYPES
+def test_grouped_query_heads(heads, dtype):
+    check(make_batch([1, 9, 1], [30, 25, 48], heads=heads, seed=1), dtype=dtype)
 
 
 @pytest.mark.parametrize("group", [1, 2, 3, 4, 5, 6])
-def test_every_decode_sized_row_count(group):
+@DTYPES
+def test_every_decode_sized_row_count(group, dtype):
     # items of 1-5 rows per kv head walk the keys once for all kv heads; 6 and more take the tiled path
-    check(make_batch([1, 2, 1, 3], [40, 37, 1, 70], heads=(2 * group, 2), seed=6))
+    check(make_batch([1, 2, 1, 3], [40, 37, 1, 70], heads=(2 * group, 2), seed=6), dtype=dtype)
 
 
 @pytest.mark.parametrize("head_dim", [16, 32, 48, 80, 128, 256])
-def test_head_sizes(head_dim):
-    check(make_batch([1, 19], [40, 19], head_dim=head_dim, seed=2))
+@DTYPES
+def test_head_sizes(head_dim, dtype):
+    check(make_batch([1, 19], [40, 19], head_dim=head_dim, seed=2), dtype=dtype)
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 8, 16, 32, 48])
-def test_block_sizes_that_split_key_groups(block_size):
-    check(make_batch([1, 21, 2], [37, 21, 50], block_size=block_size, seed=3))
+@DTYPES
+def test_block_sizes_that_split_key_groups(block_size, dtype):
+    check(make_batch([1, 21, 2], [37, 21, 50], block_size=block_size, seed=3), dtype=dtype)
 
 
 def test_block_ids_past_two_to_the_sixteen():
@@ -115,7 +127,7 @@ def test_a_block_id_outside_the_cache_is_refused():
 
 def test_other_dtypes_use_the_reference():
     q, k_cache, v_cache, tables, starts, lens = make_batch([1, 6], [9, 6], head_dim=32)
-    clean = [t.nan_to_num(0.0).bfloat16() for t in (q, k_cache, v_cache)]
+    clean = [t.nan_to_num(0.0).half() for t in (q, k_cache, v_cache)]
     tables = torch.where(tables == GARBAGE_BLOCK, 0, tables)
     got = cpu_ops.paged_attention(*clean, tables, starts, lens, 0.2)
     want = reference.paged_attention(*clean, tables, starts, lens, 0.2)

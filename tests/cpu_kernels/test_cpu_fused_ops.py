@@ -76,7 +76,7 @@ def test_silu_and_mul(rows):
     assert cpu_ops.silu_and_mul(x, out=out) is out
 
 
-def test_bfloat16_goes_to_the_reference():
-    x, w = randn(4, 32).bfloat16(), randn(32).bfloat16()
+def test_float16_goes_to_the_reference():
+    x, w = randn(4, 32).half(), randn(32).half()
     assert torch.equal(cpu_ops.rms_norm(x, w, 1e-6)[0], reference.rms_norm(x, w, 1e-6)[0])
     assert torch.equal(cpu_ops.silu_and_mul(x), reference.silu_and_mul(x))

@@ -9,11 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.models import make_tiny_model
+from helpers.rows import read_results, write_rows
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from dist_helpers import make_tiny_model, read_results, write_rows  # noqa: E402
+TESTS = Path(__file__).resolve().parent.parent  # Ray workers import helpers.* from here
 
 ROWS = 60
 
@@ -24,7 +23,7 @@ def ray_cluster():
     follow; its workers can import this folder's modules (the fake runner, the slowed door)."""
     ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'bulkrun[ray]'")
     if not ray.is_initialized():
-        path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
+        path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
         ray.init(
             num_cpus=2,
             include_dashboard=False,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bulkrun.distributed.cli_options import RAY_DEFAULT, check_exec_options, fix_bare_ray_flag, ray_address
+from bulkrun.distributed.options import RAY_DEFAULT, check_exec_options, fix_bare_ray_flag, ray_address
 from bulkrun.errors import UsageError
 
 

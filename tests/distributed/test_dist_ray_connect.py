@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bulkrun.distributed.ray_connect import (
+from bulkrun.distributed.cluster import (
     INSTALL_HINT,
     RayConnectError,
     RayUnavailable,
@@ -26,7 +26,7 @@ def test_missing_ray_names_the_extra_to_install(monkeypatch):
 
 
 def test_run_on_ray_without_ray_fails_before_any_work(monkeypatch, tmp_path):
-    from bulkrun.distributed.ray_runner import run_on_ray
+    from bulkrun.distributed.ray_driver import run_on_ray
 
     monkeypatch.setitem(sys.modules, "ray", None)
 

@@ -10,17 +10,17 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from fake_slice_runner import FakeSpec, expected_results, read_results, shard_rows
+from helpers.fake_slice_runner import FakeSpec, expected_results, read_results, shard_rows
 
-from bulkrun.distributed.slices import check_complete
 from bulkrun.errors import InputError, ModelError
+from bulkrun.job.slices import check_complete
 
 pytestmark = pytest.mark.ray
-RUNNER = "fake_slice_runner"
+RUNNER = "helpers.fake_slice_runner"
 
 
 def run(spec, **kwargs):
-    from bulkrun.distributed.ray_runner import run_on_ray
+    from bulkrun.distributed.ray_driver import run_on_ray
 
     return run_on_ray(spec, runner=RUNNER, **kwargs)
 

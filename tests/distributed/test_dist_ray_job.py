@@ -13,11 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-from dist_helpers import committed_rows, duplicated_rows, read_results, spec_values
+from helpers.rows import committed_rows, duplicated_rows, read_results, spec_values
 
 from bulkrun.cli import main
-from bulkrun.distributed.partition import Partition
 from bulkrun.io.shards import RESULTS_DIR, shard_paths, shard_rows
+from bulkrun.job.slices import Partition
 from bulkrun.job.spec import build_spec
 
 pytestmark = pytest.mark.ray
@@ -39,7 +39,7 @@ def _committed_in(out: Path, partition: Partition) -> int:
 
 
 def test_a_worker_killed_mid_slice_loses_nothing(ray_cluster, tiny_job, reference_results, tmp_path):
-    from bulkrun.distributed.ray_runner import run_on_ray
+    from bulkrun.distributed.ray_driver import run_on_ray
 
     source, args = tiny_job
     out = tmp_path / "out"
@@ -56,7 +56,7 @@ def test_a_worker_killed_mid_slice_loses_nothing(ray_cluster, tiny_job, referenc
         killed.append(victims[0].partition)
         ray_cluster.kill(victims[0].handle)
 
-    report = run_on_ray(spec, runner="slow_joblayer", on_tick=kill_after_a_commit)
+    report = run_on_ray(spec, runner="helpers.slow_joblayer", on_tick=kill_after_a_commit)
     assert killed, "the job ended before a worker could be killed"
     assert report["worker_restarts"] == 1
     assert read_results(out) == reference_results
@@ -68,12 +68,12 @@ def test_rerun_after_the_driver_is_killed_resumes(ray_cluster, tiny_job, referen
     out = tmp_path / "out"
     address = ray_cluster.get_runtime_context().gcs_address
     values = spec_values(source, args, str(out), ray=address, workers=2, max_seqs=1)
-    here = str(Path(__file__).parent)
+    here = str(Path(__file__).parent.parent)  # tests/: the helpers package
     script = (  # a driver in its own process, joined to the test's cluster, with slowed workers
         "import json, sys, ray; from bulkrun.job.spec import build_spec;"
-        "from bulkrun.distributed.ray_runner import run_on_ray;"
+        "from bulkrun.distributed.ray_driver import run_on_ray;"
         f"ray.init(address={values['ray']!r}, runtime_env={{'env_vars': {{'PYTHONPATH': {here!r}}}}});"
-        f"run_on_ray(build_spec([('test', json.loads(sys.argv[1]))]), runner='slow_joblayer')"
+        f"run_on_ray(build_spec([('test', json.loads(sys.argv[1]))]), runner='helpers.slow_joblayer')"
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
     driver = subprocess.Popen(

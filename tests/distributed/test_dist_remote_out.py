@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 
 import pytest
-from dist_helpers import read_results, spec_values
+from helpers.rows import read_results, spec_values
 
-from bulkrun.distributed.remote_out import LOCK_STALE_S, RemoteLock, RemoteMirror, staged
 from bulkrun.errors import EXIT_INCOMPLETE, LockHeld
+from bulkrun.io.lock import STALE_AFTER_S, JobLock, lock_name
+from bulkrun.io.mirror import RemoteMirror, staged
+from bulkrun.io.outdir import OutDir
 
 
 def test_mirror_pulls_committed_files_and_pushes_only_what_is_new(tmp_path):
@@ -43,21 +46,26 @@ def test_mirror_pulls_committed_files_and_pushes_only_what_is_new(tmp_path):
 
 
 def test_remote_lock_blocks_a_live_holder_and_takes_over_a_stale_one(tmp_path):
-    uri = (tmp_path / "remote").as_uri()
-    first = RemoteLock(RemoteMirror(uri, tmp_path / "a"), "part")
+    """The one lock behind a URI: the same liveness rule as a local lock file."""
+    remote = OutDir((tmp_path / "remote").as_uri())
+    first = JobLock(lock_name("part"), remote)
     first.acquire()
-    second = RemoteLock(RemoteMirror(uri, tmp_path / "b"), "part")
+    second = JobLock(lock_name("part"), remote)
     with pytest.raises(LockHeld, match="in use"):
         second.acquire()
     stale = json.loads((tmp_path / "remote" / "lock").read_text())
-    stale["heartbeat"] -= LOCK_STALE_S + 1
+    stale |= {"hostname": "elsewhere", "heartbeat": stale["heartbeat"] - STALE_AFTER_S - 1}
     (tmp_path / "remote" / "lock").write_text(json.dumps(stale))
-    second.acquire()  # the first run stopped refreshing: it is dead
+    second.acquire()  # the first run (on another host) stopped refreshing: it is dead
     first.release()  # not the holder any more: leaves the lock alone
     assert (tmp_path / "remote" / "lock").exists()
     second.release()
     assert not (tmp_path / "remote" / "lock").exists()
-    RemoteLock(RemoteMirror(uri, tmp_path / "c"), "s0of2").acquire()  # slices lock separately
+    (tmp_path / "remote" / "lock").write_text(
+        json.dumps({"pid": 2**22 + 7, "hostname": socket.gethostname()})
+    )
+    JobLock("lock", remote).acquire()  # a holder on this host whose process is gone: stale at once
+    JobLock(lock_name("s0of2"), remote).acquire()  # slices lock separately
 
 
 def test_staged_uploads_at_the_end_and_leaves_no_local_mirror(tmp_path):
@@ -72,7 +80,7 @@ def test_staged_uploads_at_the_end_and_leaves_no_local_mirror(tmp_path):
 
 
 def test_shard_slices_on_a_file_uri_equal_a_local_run(tiny_job, reference_results, tmp_path, capsys):
-    from bulkrun.distributed.uri_jobs import export_at_uri, run_job_at_uri
+    from bulkrun.distributed.uri import export_at_uri, run_job_at_uri
     from bulkrun.errors import Incomplete
     from bulkrun.job.spec import build_spec
 

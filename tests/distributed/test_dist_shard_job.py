@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dist_helpers import committed_rows, duplicated_rows, read_results
+from helpers.rows import committed_rows, duplicated_rows, read_results
 
 from bulkrun.cli import main
 from bulkrun.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_USAGE

@@ -33,10 +33,13 @@ def make_scheduler():
     return build
 
 
-@pytest.fixture
-def make_engine():
+@pytest.fixture(params=[False, True], ids=["sync", "async"])
+def make_engine(request):
+    """Engine over a fake runner; every test runs with async scheduling off and on."""
+
     def build(num_blocks=64, block_size=4, max_model_len=256, eos=(SPECIAL,), **config):
         runner = FakeRunner(num_blocks, block_size, max_model_len, eos)
+        config.setdefault("async_scheduling", request.param)
         engine = Engine(runner, EngineConfig(block_size=block_size, **config))
         runner.pool = engine.pool
         return engine, runner

@@ -71,6 +71,7 @@ class FakeRunner:
         self.pool: BlockPool | None = None  # set to check that writes only go to private blocks
         self.slots: dict[int, int] = {}  # slot -> fingerprint of the prefix ending there
         self.steps: list[list[tuple[str, int, int, bool]]] = []  # (id, start, n, sample) per step
+        self.last_sampled: dict[str, int] = {}  # the previous step's tokens (inputs still pending)
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         result = RunnerOutput()
@@ -78,11 +79,12 @@ class FakeRunner:
         record = []
         for item in out.scheduled:
             req, n = item.request, item.num_tokens
-            start, end = req.num_computed_tokens, req.num_computed_tokens + item.num_tokens
+            start, end = item.start, item.start + item.num_tokens
             record.append((req.request_id, start, n, item.sample))
-            assert 0 < n and end <= len(req.token_ids), (req.request_id, start, n)
+            ids = token_ids_through(req, end, self.last_sampled)
+            assert 0 < n and end <= len(ids), (req.request_id, start, n)
             assert len(req.block_table) * self.block_size >= end, "block table too short"
-            prints = fingerprints(req.token_ids[:end])
+            prints = fingerprints(ids[:end])
             for p in range(start):
                 assert self.slots.get(self.slot(req, p)) == prints[p], f"{req.request_id}: stale KV at {p}"
             for p in range(start, end):
@@ -93,11 +95,11 @@ class FakeRunner:
                 written.add(slot)
                 self.slots[slot] = prints[p]
             if item.sample:
-                assert end == len(req.token_ids)
-                token = next_token(req.token_ids)
+                assert end == len(ids)
+                token = next_token(ids)
                 result.sampled[req.request_id] = token
                 if req.params.logprobs:
-                    result.sampled_logprobs[req.request_id] = sampled_logprob(req.token_ids, token)
+                    result.sampled_logprobs[req.request_id] = sampled_logprob(ids, token)
             if req.score_start is not None:
                 ids = req.token_ids
                 first = max(start, req.score_start - 1)
@@ -112,10 +114,20 @@ class FakeRunner:
                     score_logprob(prefix, t) for t in req.first_token_ids
                 ]
         self.steps.append(record)
+        self.last_sampled = dict(result.sampled)
         return result
 
     def slot(self, req, position: int) -> int:
         return req.block_table[position // self.block_size] * self.block_size + position % self.block_size
+
+
+def token_ids_through(req, end: int, last_sampled: dict[str, int]) -> list[int]:
+    """req's token ids, with the token still in flight from the previous step when the step
+    computes its position (async scheduling: the scheduler has not applied it yet)."""
+    ids = req.token_ids
+    if end > len(ids) and req.num_pending_tokens:
+        return ids + [last_sampled[req.request_id]]
+    return ids
 
 
 def fingerprints(token_ids: list[int]) -> list[int]:
@@ -151,3 +163,57 @@ def run_to_completion(sched: Scheduler, runner: FakeRunner, max_steps: int = 10_
         result = runner.execute(out) if out.scheduled else RunnerOutput()
         finished += sched.update(out, result)
     raise AssertionError("scheduler did not finish")
+
+
+class SimulatedDeviceRunner:
+    """A runner whose device work completes `device_seconds` after launch, on a worker thread
+    that sleeps (outside the GIL): the host part (building the step's inputs from the persistent
+    step state) is real, the "model" is the fake one (next token = last + 1). Steps run on the
+    worker in launch order, as on a device queue, so a step reads the previous step's tokens
+    there, as the real runner reads them on the device."""
+
+    def __init__(self, device_seconds: float, num_blocks=4096, block_size=16, max_model_len=4096):
+        from concurrent.futures import ThreadPoolExecutor
+
+        from bulkrun.engine.step_inputs import StepState
+
+        self.device_seconds = device_seconds
+        self.num_blocks, self.block_size, self.max_model_len = num_blocks, block_size, max_model_len
+        self.eos_token_ids = {SPECIAL}
+        self.vocab_size = VOCAB
+        self.tokenizer = ToyTokenizer()
+        self.runs_asynchronously = True
+        self.state = StepState(block_size)
+        self._device = ThreadPoolExecutor(max_workers=1)
+        self._prev_ids: list[str] = []  # the last launched step's sample rows (host side)
+        self._prev_tokens: list[int] = []  # the same step's tokens (device side)
+
+    def launch(self, out: SchedulerOutput):
+        prev = dict(zip(self._prev_ids, range(len(self._prev_ids))))
+        inputs = self.state.build(out, prev)
+        ids = [r.request_id for r in inputs.sample_requests]
+        self._prev_ids = ids
+        return _SimulatedStep(self._device.submit(self._run, inputs, ids))
+
+    def _run(self, inputs, ids: list[str]) -> RunnerOutput:
+        import time
+
+        time.sleep(self.device_seconds)
+        input_ids = inputs.input_ids.tolist()
+        for at, row in inputs.pending_inputs:
+            input_ids[at] = self._prev_tokens[row]
+        rows = inputs.logits_indices.tolist()[: len(ids)]
+        tokens = [(input_ids[row] + 1) % VOCAB for row in rows]
+        self._prev_tokens = tokens
+        return RunnerOutput(sampled=dict(zip(ids, tokens, strict=True)))
+
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        return self.launch(out).result()
+
+
+class _SimulatedStep:
+    def __init__(self, future):
+        self._future = future
+
+    def result(self) -> RunnerOutput:
+        return self._future.result()

@@ -136,3 +136,25 @@ def test_caching_off_never_hits_nor_hashes():
     pool.free([a])
     assert pool.lookup_prefix([7]) == []
     assert pool.num_cached_blocks == 0
+
+
+def test_used_blocks_are_handed_out_before_never_touched_ones():
+    pool = BlockPool(8, 4)
+    a, b, c = pool.allocate(3)
+    assert pool.num_touched_blocks == 3
+    pool.cache_block(a, 5)
+    pool.free([c, b, a])  # b and c plain free (c first), a cached and evictable
+    assert pool.allocate(1) == [b]  # last freed plain block first
+    assert pool.allocate(1) == [c]
+    assert pool.allocate(1) == [a]  # then the evictable cached block, before new memory
+    assert pool.num_evictions == 1 and pool.num_touched_blocks == 3
+    assert pool.allocate(2) == [3, 4]  # only now blocks never touched
+    assert pool.num_touched_blocks == 5 and pool.num_free_blocks == 3
+
+
+def test_a_steady_workload_touches_only_what_it_holds_at_once():
+    pool = BlockPool(1000, 4)
+    for _ in range(50):  # 50 requests one after the other, 6 blocks each
+        blocks = pool.allocate(6)
+        pool.free(reversed(blocks))
+    assert pool.num_touched_blocks == 6

@@ -48,7 +48,8 @@ def test_stop_string_ends_generation_and_is_cut_from_text(make_engine):
     assert out.finish_reason == "stop" and out.text == "bc"
     assert out.output_token_ids == [2, 3, 4, 5]  # tokens up to the one that completed the stop
     assert engine.pool.num_used_blocks == 0 or engine.pool.num_free_blocks == engine.pool.num_blocks
-    assert len(runner.steps) == 4  # nothing computed after the stop
+    # nothing computed after the stop (async: at most the one step scheduled ahead of it)
+    assert len(runner.steps) == 4 + engine.async_scheduling
 
 
 def test_stop_string_on_the_last_allowed_token_still_reports_stop(make_engine):
@@ -157,36 +158,44 @@ def test_backpressure_stream_pulls_requests_lazily(make_engine):
     assert not engine.has_unfinished()
 
 
-def test_stats_and_totals(make_engine):
+def test_step_stats(make_engine):
     engine, _ = make_engine(num_blocks=8, block_size=4, max_num_batched_tokens=64)
     prompt = list(range(1, 14))
     engine.add_request(gen("a", prompt, max_tokens=3))
     engine.step()
     s = engine.last_stats
     assert (s.num_scheduled_tokens, s.num_prefill_tokens, s.num_decode_tokens) == (13, 13, 0)
-    assert (s.num_running, s.kv_blocks_used, s.kv_blocks_total) == (1, 4, 8)
+    assert (s.num_running, s.kv_blocks_used, s.kv_blocks_total, s.num_generated_tokens) == (1, 4, 8, 1)
     engine.step()
     assert (engine.last_stats.num_decode_tokens, engine.last_stats.num_prefill_tokens) == (1, 0)
     while engine.has_unfinished():
         engine.step()
-    engine.add_request(gen("b", prompt, max_tokens=3))  # 3 full blocks cached from "a"
-    engine.step()
-    assert engine.last_stats.prefix_cache_hit_tokens == 12
-    while engine.has_unfinished():
-        engine.step()
-    t = engine.totals
-    assert t["steps"] == 6 and t["finished"] == 2 and t["errors"] == 0
-    assert t["generated_tokens"] == 6 and t["prompt_tokens"] == 26
-    assert t["scheduled_tokens"] == (13 + 1 + 1) + (1 + 1 + 1)  # b's prompt: 12 cached tokens
-    assert t["prefix_cache_hit_tokens"] == 12 and t["preemptions"] == 0
-    assert t["mean_running_batch"] == 1 and t["kv_blocks_used"] == 0 and t["kv_blocks_peak"] == 4
+    assert engine.last_stats.num_finished == 1 and engine.last_stats.kv_blocks_used == 0
+
+
+def test_stream_reports_every_step(make_engine):
+    engine, _ = make_engine(num_blocks=8, block_size=4, max_num_batched_tokens=64)
+    prompt = list(range(1, 14))
+    steps = []
+    outs = list(engine.stream([gen("a", prompt, max_tokens=3)], on_step=steps.append))
+    outs += list(engine.stream([gen("b", prompt, max_tokens=3)], on_step=steps.append))  # 12 cached
+    assert [o.request_id for o in outs] == ["a", "b"]
+    # async: one more step per request, the one in which its last token lands
+    assert len(steps) == 6 + 2 * engine.async_scheduling and sum(s.num_finished for s in steps) == 2
+    assert sum(s.num_generated_tokens for s in steps) == 6
+    assert sum(s.num_scheduled_tokens for s in steps) == (13 + 1 + 1) + (1 + 1 + 1)
+    assert sum(s.prefix_cache_hit_tokens for s in steps) == 12
+    assert sum(s.num_preempted for s in steps) == 0
+    assert max(s.kv_blocks_used for s in steps) == 4 and steps[-1].kv_blocks_used == 0
 
 
 def test_preemptions_are_counted_and_outputs_unchanged(make_engine):
     engine, _ = make_engine(num_blocks=6, block_size=4, max_num_batched_tokens=64)
     reqs = [gen(f"r{i}", range(10 * i + 1, 10 * i + 10), max_tokens=10) for i in range(3)]
-    outs = engine.generate(reqs)
-    assert engine.totals["preemptions"] > 0
+    steps = []
+    outs = list(engine.stream(reqs, on_step=steps.append))
+    outs.sort(key=lambda o: int(o.request_id[1:]))
+    assert sum(s.num_preempted for s in steps) > 0
     for req, out in zip(reqs, outs, strict=True):
         assert out.output_token_ids == reference_generation(req.prompt_token_ids, 10)
 
@@ -229,3 +238,58 @@ def test_incremental_detokenization_matches_full_decode(real_tokenizer):
     assert follow.text == decode_output(tok, ids, len(prompt), len(ids)) == answer
     assert stopper.stopped and stopper.text == answer[: answer.index(" END")]
     assert tok.decode(ids[len(prompt) : stopped_at]).endswith(" END")  # found as soon as it completed
+
+
+def test_async_scheduling_gives_the_same_results_under_memory_pressure():
+    """Generation with EOS, stop strings, logprobs and max_tokens, and scoring, in a cache too
+    small for everyone (preemptions): async scheduling changes when results land, not what they are."""
+    import random
+
+    from engine_fakes import FakeRunner
+
+    from bulkrun.engine.config import EngineConfig
+    from bulkrun.engine.engine import Engine
+
+    rng = random.Random(3)
+    requests = []
+    for i in range(40):
+        prompt = [rng.randrange(1, 60) for _ in range(rng.randrange(1, 14))]
+        if i % 4 == 3:
+            conts = [[rng.randrange(1, 60) for _ in range(rng.randrange(1, 5))] for _ in range(3)]
+            requests.append(EngineRequest(f"s{i}", prompt, continuations=conts))
+        else:
+            stop = ("fg",) if i % 3 == 0 else ()
+            requests.append(gen(f"g{i}", prompt, max_tokens=rng.randrange(1, 16), stop=stop, logprobs=i % 5 == 0))
+    results = {}
+    for flag in (False, True):
+        runner = FakeRunner(num_blocks=16, block_size=4)
+        engine = Engine(runner, EngineConfig(block_size=4, max_num_batched_tokens=12, max_num_seqs=6,
+                                             async_scheduling=flag))  # fmt: skip
+        runner.pool = engine.pool
+        steps = []
+        outs = list(engine.stream(requests, on_step=steps.append))
+        assert sum(s.num_preempted for s in steps) > 0  # the pool really was too small
+        assert engine.pool.num_used_blocks == 0 and not engine.has_unfinished()
+        results[flag] = sorted(
+            (o.request_id, o.output_token_ids, o.text, o.finish_reason, o.logprobs, o.continuation_logprobs)
+            for o in outs
+        )
+    assert results[True] == results[False]
+    assert any(r[3] == "stop" for r in results[True])
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_device_that_answers_late_gives_the_reference_tokens(async_scheduling):
+    """With async scheduling the next step is launched before this one's tokens land; its inputs
+    then come from the device side of the runner."""
+    from engine_fakes import SimulatedDeviceRunner
+
+    from bulkrun.engine.config import EngineConfig
+    from bulkrun.engine.engine import Engine
+
+    runner = SimulatedDeviceRunner(device_seconds=0.001, num_blocks=64, block_size=4)
+    engine = Engine(runner, EngineConfig(block_size=4, max_num_batched_tokens=16, async_scheduling=async_scheduling))
+    requests = [gen(f"r{i}", range(1 + i, 4 + 2 * i), max_tokens=3 + i) for i in range(8)]
+    outs = engine.generate(requests)
+    for req, out in zip(requests, outs, strict=True):
+        assert out.output_token_ids == reference_generation(req.prompt_token_ids, req.params.max_tokens)

@@ -149,14 +149,20 @@ def expected(model_dir, prompts) -> dict[str, list[list[int]]]:
 
 
 def _generate(model_dir: str, prompts: list[list[int]], **config) -> tuple[list[list[int]], dict]:
+    """Outputs in prompt order, and the run's figures summed over its steps."""
     engine = Engine.from_model(model_dir, EngineConfig(**config))
     requests = [
         EngineRequest(f"p{i}", ids, SamplingParams(max_tokens=MAX_NEW_TOKENS))
         for i, ids in enumerate(prompts)
     ]
-    outputs = engine.generate(requests)
+    steps = []
+    outputs = sorted(engine.stream(requests, on_step=steps.append), key=lambda o: int(o.request_id[1:]))
     assert all(o.finish_reason in ("stop", "length") for o in outputs), [o.error for o in outputs]
-    return [o.output_token_ids for o in outputs], engine.totals
+    totals = {
+        "preemptions": sum(s.num_preempted for s in steps),
+        "prefix_cache_hit_tokens": sum(s.prefix_cache_hit_tokens for s in steps),
+    }
+    return [o.output_token_ids for o in outputs], totals
 
 
 def test_prompts_cover_the_required_spread(prompts):
@@ -165,20 +171,25 @@ def test_prompts_cover_the_required_spread(prompts):
     assert max(len(p) for p in varied) >= 300 and min(len(p) for p in varied) <= 5
 
 
-def test_all_prompts_together_match_transformers(model_dir, prompts, expected):
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_all_prompts_together_match_transformers(model_dir, prompts, expected, async_scheduling):
     # A small token budget so long prompts arrive in chunks among the others' decode steps.
-    got, totals = _generate(model_dir, prompts["varied"], max_num_batched_tokens=256)
+    got, totals = _generate(
+        model_dir, prompts["varied"], max_num_batched_tokens=256, async_scheduling=async_scheduling
+    )
     assert got == expected["varied"]
     assert totals["preemptions"] == 0
 
 
-def test_preemption_and_recompute_keep_greedy_output(model_dir, prompts, expected):
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_preemption_and_recompute_keep_greedy_output(model_dir, prompts, expected, async_scheduling):
     cfg = ModelConfig.from_model_dir(model_dir)
     longest = max(len(p) for p in prompts["varied"]) + MAX_NEW_TOKENS
     blocks = -(-longest // 16) + 8  # the longest fits, but nowhere near all of them at once
     got, totals = _generate(
-        model_dir, prompts["varied"], kv_cache_bytes=blocks * bytes_per_block(cfg, 16, torch.float32)
-    )
+        model_dir, prompts["varied"], kv_cache_bytes=blocks * bytes_per_block(cfg, 16, torch.float32),
+        async_scheduling=async_scheduling,
+    )  # fmt: skip
     assert totals["preemptions"] > 0
     assert got == expected["varied"]
 

@@ -160,11 +160,13 @@ def test_prefix_hit_skips_cached_blocks_but_recomputes_the_last_token(make_sched
     sched, runner = make_scheduler(block_size=4, budget=64)
     sched.add_request(gen("first", range(1, 9), max_tokens=1))
     run_to_completion(sched, runner)
-    same = sched.add_request(gen("same", range(1, 9), max_tokens=2))
+    # longer first: it takes both cached blocks before same's new block could evict one of them
+    # (allocation reuses evictable blocks before never-touched ones)
     longer = sched.add_request(gen("longer", list(range(1, 9)) + [30, 31], max_tokens=2))
+    same = sched.add_request(gen("same", range(1, 9), max_tokens=2))
     out, _ = step(sched, runner)
     # the same 8-token prompt: only block 0 is reused, block 1 holds the last token, recomputed
-    assert chunks(out) == [("same", 4, True), ("longer", 2, True)]
+    assert chunks(out) == [("longer", 2, True), ("same", 4, True)]
     assert same.num_cached_tokens == 4 and longer.num_cached_tokens == 8
     assert out.num_prefix_hit_tokens == 12 and sched.num_prefix_hit_tokens == 12
     assert same.block_table[0] == longer.block_table[0]  # one cached block, two readers

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
+from helpers.fake_engine import FakeEngine
+from helpers.models import build_tokenizer, make_tiny_model
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from jobtest_helpers import FakeEngine, build_tokenizer, make_tiny_model  # noqa: E402
-
-from bulkrun.job.runner import run_job  # noqa: E402
-from bulkrun.job.spec import build_spec  # noqa: E402
+from bulkrun.job.runner import run_job
+from bulkrun.job.spec import build_spec
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from jobtest_helpers import FakeEngine, read_jsonl, texts, write_jsonl
+from helpers.fake_engine import FakeEngine
+from helpers.rows import read_jsonl, texts, write_jsonl
 
 from bulkrun.errors import Incomplete
 from bulkrun.job.export import export_job

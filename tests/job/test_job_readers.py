@@ -7,7 +7,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from jobtest_helpers import write_jsonl
+from helpers.rows import write_jsonl
 
 from bulkrun.errors import InputError
 from bulkrun.io.formats import CSV, JSONL, OPENAI, PARQUET, detect_format

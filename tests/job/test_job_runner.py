@@ -5,7 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from jobtest_helpers import FakeEngine, read_jsonl, texts, write_jsonl
+from helpers.fake_engine import FakeEngine
+from helpers.rows import read_jsonl, texts, write_jsonl
 
 from bulkrun.errors import JobChanged, LockHeld
 from bulkrun.io.lock import JobLock

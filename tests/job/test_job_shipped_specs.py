@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from jobtest_helpers import FakeEngine
+from helpers.fake_engine import FakeEngine
 
 from bulkrun.job.runner import run_job
-from bulkrun.job.setup import build_task
+from bulkrun.job.session import build_task
 from bulkrun.job.spec import spec_from_file
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bulkrun.errors import SpecError, UsageError
-from bulkrun.job.spec import build_spec, spec_from_file
-from bulkrun.job.values import parse_checkpoint, parse_size
+from bulkrun.job.spec import build_spec, parse_checkpoint, parse_size, spec_from_file
 
 
 def _write(tmp_path, text):

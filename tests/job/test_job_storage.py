@@ -13,11 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from bulkrun.errors import JobChanged, LockHeld
-from bulkrun.io import merge as merge_module
+from bulkrun.io import shards as merge_module
 from bulkrun.io.lock import STALE_AFTER_S, JobLock
 from bulkrun.io.manifest import build_manifest, input_fingerprint, write_or_check_manifest
-from bulkrun.io.merge import merged_records
-from bulkrun.io.shards import ShardWriter, shard_row_range
+from bulkrun.io.shards import ShardWriter, merged_records, shard_row_range
 from bulkrun.job.resume import RowSet, load_committed
 
 

@@ -3,117 +3,149 @@ pick: the real compiler (ttir -> ttgir -> llir -> ptx -> cubin via ptxas) catche
 interpreter cannot (types of loop-carried values, tl.dot shape limits, register/shared-memory blowups).
 
 Run as a script in a process WITHOUT TRITON_INTERPRET (test_hopper_compile.py does that). Each wrapper
-runs on tiny CPU tensors with its launch intercepted: the captured arguments and constexprs are then
-compiled for the target. Prints one line per case: `ok <case> shared=<bytes>`.
+runs on CPU tensors with its launches intercepted; for each launch we compute the cache key Triton's
+own launcher would (its binder: argument types, the 1 / multiple-of-16 specialization of integers, the
+16-byte alignment of pointers, constexprs) and compile each distinct key for the target once.
+
+The wrappers are called over a sweep of what changes from step to step during a run (batch size,
+token count, block-table width, partition count, context lengths). A *variant* is a kernel with one
+set of constexprs and tensor dtypes (chosen on purpose by the wrapper); the run must give ONE cache key per variant,
+or Triton would compile again in the middle of a run. Prints `ok <kernel> <variant> shared=<bytes>`
+per compiled binary, then `variants=<n> binaries=<n>`; exits 1 with the offending keys otherwise.
 """
 
 from __future__ import annotations
 
 import sys
+from collections import defaultdict
 
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from triton.runtime.jit import mangle_type
+from triton.compiler import ASTSource, make_backend
+from triton.runtime.jit import JITFunction, compute_cache_key, create_function_from_signature
 
 from bulkrun_kernels import activation, kv_write, paged_attention, rmsnorm, rotary
 
 TARGET = GPUTarget("cuda", 90, 32)
+BACKEND = make_backend(TARGET)
+MODULES = (activation, kv_write, paged_attention, rmsnorm, rotary)
 
 
-def capture(module, kernel_name: str, call):
-    """Run `call()` with the kernel's launch replaced by a recorder; return (args, constexprs)."""
-    kernel = getattr(module, kernel_name)
-    seen = {}
+class Launch:
+    """One intercepted launch: Triton's cache key for it, and what compiling it needs."""
 
-    def record(*args, grid, warmup, **kwargs):
-        seen.update(args=args, kwargs=kwargs)
+    def __init__(self, kernel: JITFunction, args, kwargs):
+        self.kernel = kernel
+        binder = create_function_from_signature(kernel.signature, kernel.params, BACKEND)
+        self.bound, self.specialization, self.options = binder(*args, **kwargs)
+        self.key = compute_cache_key({}, self.specialization, self.options)
+        constexprs = [(p.name, self.bound[p.name]) for p in kernel.params if p.is_constexpr]
+        dtypes = [s[0] for s in self.specialization if str(s[0]).startswith("*")]  # tensor dtypes
+        self.variant = (
+            kernel.fn.__name__,
+            tuple(constexprs),
+            tuple(dtypes),
+            tuple(sorted(self.options.items())),
+        )
 
-    module.check_runnable = lambda *a: None  # CPU tensors: we only want the arguments
-    kernel.run = record
-    call()
-    return kernel, seen["args"], seen["kwargs"]
-
-
-def compile_case(name: str, module, kernel_name: str, call) -> None:
-    kernel, args, kwargs = capture(module, kernel_name, call)
-    constexprs = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages")}
-    signature = {n: mangle_type(a) for n, a in zip(kernel.arg_names, args, strict=False)}
-    signature.update(dict.fromkeys(constexprs, "constexpr"))
-    options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
-    compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=TARGET, options=options)
-    assert compiled.asm.get("cubin"), f"{name}: no cubin"
-    print(f"ok {name} shared={compiled.metadata.shared}", flush=True)
-
-
-def attention_call(num_tokens, num_seqs, hq, hkv, d, dtype):
-    def call():
-        q = torch.zeros(num_tokens, hq, d, dtype=dtype)
-        cache = torch.zeros(4, 16, hkv, d, dtype=dtype)
-        tables = torch.zeros(num_seqs, 4, dtype=torch.int32)
-        qsl = torch.zeros(num_seqs + 1, dtype=torch.int32)
-        seq_lens = torch.zeros(num_seqs, dtype=torch.int32)
-        paged_attention.paged_attention(q, cache, cache, tables, qsl, seq_lens, 0.1)
-
-    return call
+    def compile(self):
+        _, signature, constexprs, attrs = self.kernel._pack_args(
+            BACKEND, dict(self.options), self.bound, self.specialization, dict(self.options)
+        )
+        source = ASTSource(self.kernel, signature, constexprs, attrs)
+        return triton.compile(source, target=TARGET, options=dict(self.options))
 
 
-def cases():
-    bf16 = torch.bfloat16
-    yield (
-        "attention decode bf16 gqa4 d64",
-        paged_attention,
-        "_paged_attention_kernel",
-        attention_call(8, 8, 32, 8, 64, bf16),
-    )
-    yield (
-        "attention prefill bf16 gqa4 d128",
-        paged_attention,
-        "_paged_attention_kernel",
-        attention_call(256, 2, 32, 8, 128, bf16),
-    )
-    yield (
-        "attention decode fp32 group3 d24",
-        paged_attention,
-        "_paged_attention_kernel",
-        attention_call(4, 4, 6, 2, 24, torch.float32),
-    )
-    yield (
-        "attention mixed fp16 mqa16 d64",
-        paged_attention,
-        "_paged_attention_kernel",
-        attention_call(40, 4, 16, 1, 64, torch.float16),
+class Recorder:
+    """Replace every Triton kernel's launch in our kernel modules with a recorder (CPU tensors:
+    nothing runs; we want the arguments)."""
+
+    def __init__(self):
+        self.launches: list[Launch] = []
+        for module in MODULES:
+            module.check_runnable = lambda *a: None
+            for value in vars(module).values():
+                if isinstance(value, JITFunction):
+                    value.run = self._recorder(value)
+
+    def _recorder(self, kernel):
+        def record(*args, grid, warmup, **kwargs):
+            self.launches.append(Launch(kernel, args, kwargs))
+
+        return record
+
+
+def attention_step(num_tokens, num_seqs, hq, hkv, d, dtype, table_width, num_partitions=None):
+    """One attention call with a runner-like batch: the block table's width and batch size vary."""
+    q = torch.zeros(num_tokens, hq, d, dtype=dtype)
+    cache = torch.zeros(8, 16, hkv, d, dtype=dtype)
+    tables = torch.zeros(num_seqs, table_width, dtype=torch.int32)
+    qsl = torch.zeros(num_seqs + 1, dtype=torch.int32)
+    seq_lens = torch.zeros(num_seqs, dtype=torch.int32)
+    paged_attention.paged_attention(
+        q, cache, cache, tables, qsl, seq_lens, 0.1, num_partitions=num_partitions
     )
 
-    def kv():
-        k = torch.zeros(4, 8, 64, dtype=bf16)
-        cache = torch.zeros(4, 16, 8, 64, dtype=bf16)
-        kv_write.write_kv(k, k, cache, cache, torch.zeros(4, dtype=torch.int64))
 
-    yield "write_kv bf16", kv_write, "_write_kv_kernel", kv
+def model_step(num_tokens, hidden=2048, hq=32, hkv=8, d=64, inter=8192, dtype=torch.bfloat16):
+    """The other kernels of a layer as the model calls them (q/k are views of a fused qkv output)."""
+    x = torch.zeros(num_tokens, hidden, dtype=dtype)
+    rmsnorm.rms_norm(x, torch.ones(hidden, dtype=dtype), 1e-5, torch.zeros_like(x))
+    rmsnorm.rms_norm(x, torch.ones(hidden, dtype=dtype), 1e-5)
+    qkv = torch.zeros(num_tokens, (hq + 2 * hkv) * d, dtype=dtype)
+    q, k, v = qkv.split((hq * d, hkv * d, hkv * d), dim=-1)
+    q, k, v = q.view(num_tokens, hq, d), k.view(num_tokens, hkv, d), v.view(num_tokens, hkv, d)
+    rotary.rotary(q, k, torch.zeros(num_tokens, dtype=torch.int64), torch.zeros(4096, d, dtype=dtype), q, k)
+    cache = torch.zeros(8, 16, hkv, d, dtype=dtype)
+    kv_write.write_kv(k, v, cache, cache, torch.zeros(num_tokens, dtype=torch.int64))
+    activation.silu_and_mul(torch.zeros(num_tokens, 2 * inter, dtype=dtype))
 
-    def norm():
-        x = torch.zeros(4, 2048, dtype=bf16)
-        rmsnorm.rms_norm(x, torch.ones(2048, dtype=bf16), 1e-5, torch.zeros_like(x))
 
-    yield "rms_norm bf16 residual h2048", rmsnorm, "_rms_norm_kernel", norm
-
-    def rope():
-        q, k = torch.zeros(4, 32, 64, dtype=bf16), torch.zeros(4, 8, 64, dtype=bf16)
-        rotary.rotary(q, k, torch.zeros(4, dtype=torch.int64), torch.zeros(128, 64, dtype=bf16))
-
-    yield "rotary bf16 32/8 d64", rotary, "_rotary_kernel", rope
-
-    def act():
-        activation.silu_and_mul(torch.zeros(4, 2 * 8192, dtype=bf16))
-
-    yield "silu_and_mul bf16 i8192", activation, "_silu_and_mul_kernel", act
+def sweep():
+    """Steps of a run: decode batches of every size, mixed and prefill steps, block tables of every
+    width (1, 16, 17, 32, ...: what Triton would otherwise specialize on), split and unsplit."""
+    bf16, f32 = torch.bfloat16, torch.float32
+    for num_seqs in (1, 2, 3, 16, 17, 64, 256, 1024):
+        for width in (1, 2, 16, 17, 32, 33, 64, 512):
+            attention_step(num_seqs, num_seqs, 32, 8, 64, bf16, width)  # decode, planned partitions
+            attention_step(num_seqs, num_seqs, 32, 8, 128, bf16, width, num_partitions=1)
+    for num_partitions in (2, 3, 16, 32):  # every partition count shares the split binaries
+        attention_step(4, 4, 32, 8, 128, bf16, 8, num_partitions=num_partitions)
+        attention_step(32, 32, 32, 8, 128, bf16, 64, num_partitions=num_partitions)
+    for num_tokens, num_seqs, width in ((2048, 1, 128), (2048, 7, 40), (4096, 16, 257), (1024, 3, 16)):
+        attention_step(num_tokens, num_seqs, 32, 8, 64, bf16, width)  # prefill-heavy blocks
+        attention_step(num_tokens, num_seqs, 32, 8, 128, bf16, width)
+    # fp32 with GQA 8 and an odd head_dim, fp16 with MQA: the other dtypes and groups compile too
+    attention_step(4, 4, 16, 2, 24, f32, 3)
+    attention_step(40, 4, 16, 1, 64, torch.float16, 5, num_partitions=4)
+    for num_tokens in (1, 2, 16, 17, 100, 1024, 2048):
+        model_step(num_tokens)
 
 
 def main() -> int:
-    for name, module, kernel_name, call in cases():
-        compile_case(name, module, kernel_name, call)
+    recorder = Recorder()
+    sweep()
+    keys = defaultdict(set)
+    first = {}
+    for launch in recorder.launches:
+        keys[launch.variant].add(launch.key)
+        first.setdefault((launch.variant, launch.key), launch)
+    bad = {variant: k for variant, k in keys.items() if len(k) > 1}
+    if bad:
+        for (name, constexprs, dtypes, _), k in bad.items():
+            print(f"RECOMPILES {name} {dict(constexprs)} {dtypes}: {len(k)} cache keys", flush=True)
+            for key in sorted(k):
+                print(f"    {key}", flush=True)
+        return 1
+    for (variant, _key), launch in first.items():
+        compiled = launch.compile()
+        name, constexprs, dtypes, _ = variant
+        assert compiled.asm.get("cubin"), f"{name}: no cubin"
+        print(
+            f"ok {name} {dict(constexprs)} {','.join(dtypes)} shared={compiled.metadata.shared}", flush=True
+        )
+    print(f"variants={len(keys)} binaries={len(first)}", flush=True)
     return 0
 
 

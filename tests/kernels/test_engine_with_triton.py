@@ -5,6 +5,7 @@ continuous batching."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
@@ -14,6 +15,7 @@ from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 from bulkrun.engine.config import EngineConfig
 from bulkrun.engine.engine import Engine
 from bulkrun.engine.params import EngineRequest, SamplingParams
+from bulkrun_kernels import paged_attention as attention_module
 
 VOCAB = 64
 COMMON = dict(
@@ -49,7 +51,10 @@ def generate(folder, kernels: str, device: str):
     return [o.output_token_ids for o in outs], [o.logprobs for o in outs]
 
 
-def test_triton_engine_generates_like_reference(device, tmp_path):
+@pytest.mark.parametrize("split", [False, True], ids=["planned", "split-kv"])
+def test_triton_engine_generates_like_reference(device, tmp_path, split, monkeypatch):
+    if split:  # every attention call through the split-KV kernels, with the model's real layouts
+        monkeypatch.setattr(attention_module, "plan_partitions", lambda *args: 3)
     save_tiny_model(tmp_path)
     want_tokens, want_logprobs = generate(tmp_path, "reference", device)
     got_tokens, got_logprobs = generate(tmp_path, "triton", device)

@@ -43,11 +43,13 @@ def make_batch(query_lens, context_lens, *, num_q_heads, num_kv_heads, head_dim,
     return tuple(t.to(device) for t in tensors)
 
 
-def run_and_compare(batch, ref, atol, rtol=1e-3):
+def run_and_compare(batch, ref, atol, rtol=1e-3, num_partitions=None):
     q, k_cache, v_cache, tables, qsl, seq_lens = batch
     scale = q.shape[-1] ** -0.5
     out = torch.full_like(q, NAN)  # poisoned: an unwritten element fails
-    got = paged_attention(q, k_cache, v_cache, tables, qsl, seq_lens, scale, out=out)
+    got = paged_attention(
+        q, k_cache, v_cache, tables, qsl, seq_lens, scale, out=out, num_partitions=num_partitions
+    )
     assert got is out
     # The poison is for the kernel; references get clean copies (the CPU path reads whole blocks).
     cpu = [t.cpu() for t in batch]
@@ -78,13 +80,14 @@ def test_matches_reference(case, ref_name, device):
     run_and_compare(batch, get_ref(ref_name), atol=2e-5)
 
 
+@pytest.mark.parametrize("num_partitions", [1, 4], ids=["unsplit", "split-kv"])
 @pytest.mark.parametrize("ref_name", REF_NAMES)
-def test_large_block_index(ref_name, device):
+def test_large_block_index(ref_name, num_partitions, device):
     # Block ids past 2**16 (280,000 slots); sequences live in the highest ids. Tiny heads keep it ~10 MB.
     batch = make_batch([1, 6, 1], [40, 30, 3], num_q_heads=2, num_kv_heads=1, head_dim=8, block_size=4,
                        num_blocks=70_000, seed=7, device=device, high_blocks=True)  # fmt: skip
     assert int(batch[3][batch[3] < 2**30].max()) == 69_999
-    run_and_compare(batch, get_ref(ref_name), atol=2e-5)
+    run_and_compare(batch, get_ref(ref_name), atol=2e-5, num_partitions=num_partitions)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from task_helpers import ReferenceEngine, chat_prompt_ids, load_hf_model, run_items
+from helpers.tasks import ReferenceEngine, chat_prompt_ids, load_hf_model, run_items
 
 from bulkrun.engine.outputs import RequestOutput
 from bulkrun.engine.params import SamplingParams

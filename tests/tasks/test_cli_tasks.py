@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers.rows import read_jsonl, write_jsonl
 
 from bulkrun.cli import main
 
@@ -28,15 +30,6 @@ def bulkrun(capsys):
     return run
 
 
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
-
-
-def read_jsonl(path):
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-
-
 def test_classify_parquet_gives_label_columns_as_a_struct(bulkrun, tmp_path, tiny_model_dir):
     source = tmp_path / "tickets.parquet"
     pq.write_table(pa.Table.from_pylist(TICKETS), source)
@@ -47,9 +40,11 @@ def test_classify_parquet_gives_label_columns_as_a_struct(bulkrun, tmp_path, tin
     table = pq.read_table(out / "results.parquet")
     assert table.column("id").to_pylist() == ["a", "b", "c", "d"]
     assert pa.types.is_struct(table.schema.field("label_probs").type)
-    for row in table.to_pylist():
-        assert row["label"] in labels.split(",")
-        assert sum(row["label_probs"].values()) == pytest.approx(1.0)
+    for row in table.to_pylist():  # the columns agree: label = best score, probs = softmax of scores
+        scores = row["label_scores"]
+        assert row["label"] == max(scores, key=scores.get)
+        total = sum(math.exp(v) for v in scores.values())
+        assert row["label_probs"] == pytest.approx({k: math.exp(v) / total for k, v in scores.items()})
         assert row["probability"] == pytest.approx(row["label_probs"][row["label"]])
     assert json.loads((out / "metrics.json").read_text())["items"] == 4
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from task_helpers import chat_prompt_ids
+from helpers.tasks import chat_prompt_ids
 
 from bulkrun.tasks.continuations import ContinuationTokenizer, label_text
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from task_helpers import ReferenceEngine, load_hf_model, run_items
+from helpers.tasks import ReferenceEngine, load_hf_model, run_items
 
 from bulkrun.engine.params import SamplingParams
 from bulkrun.tasks.base import Item, RowError, TaskContext

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from bulkrun.distributed.outfs import OutDir
-from bulkrun.distributed.partition import Partition, all_partitions
-from bulkrun.distributed.slices import (
+from bulkrun.errors import EXIT_INCOMPLETE
+from bulkrun.io.outdir import OutDir
+from bulkrun.job.slices import (
     IncompleteSlices,
+    Partition,
+    all_partitions,
     check_complete,
     mark_slice_done,
-    merge_reports,
     read_slice_markers,
-    slice_reports,
 )
-from bulkrun.errors import EXIT_INCOMPLETE
+from bulkrun.job.stats import RunStats
 
 
 def test_a_plain_run_has_no_slices(tmp_path):
@@ -36,7 +36,8 @@ def test_complete_split_is_accepted_whatever_other_splits_left(tmp_path):
     for part in all_partitions(2):
         mark_slice_done(str(tmp_path), part, {"items": 5})
     assert check_complete(str(tmp_path)) == 2
-    assert [r["items"] for r in slice_reports(str(tmp_path), 2)] == [5, 5]
+    markers = read_slice_markers(str(tmp_path))
+    assert [markers[p]["stats"]["items"] for p in all_partitions(2)] == [5, 5]
 
 
 def test_markers_of_another_job_do_not_count(tmp_path):
@@ -63,29 +64,16 @@ def test_markers_work_on_a_filesystem_uri(tmp_path):
     assert check_complete(str(tmp_path)) == 3  # the same files, seen as a local path
 
 
-def test_merge_reports_sums_counts_takes_longest_wall_and_weights_means():
-    merged = merge_reports(
-        [
-            {
-                "items": 10,
-                "errors": 1,
-                "generated_tokens": 100,
-                "wall_s": 5.0,
-                "prefix_hit_rate": 0.5,
-                "model": "m",
-            },
-            {
-                "items": 30,
-                "errors": 0,
-                "generated_tokens": 300,
-                "wall_s": 9.0,
-                "prefix_hit_rate": 0.1,
-                "model": "m",
-            },
-        ]
-    )
-    assert merged["items"] == 40 and merged["errors"] == 1 and merged["generated_tokens"] == 400
-    assert merged["wall_s"] == 9.0
-    assert merged["prefix_hit_rate"] == pytest.approx((10 * 0.5 + 30 * 0.1) / 40)
-    assert merged["model"] == "m"
-    assert merge_reports([]) == {}
+def test_run_stats_merge_is_explicit_per_field():
+    a = RunStats(items=10, errors=1, generated_tokens=100, prompt_tokens=50, cached_prompt_tokens=40,
+                 steps=4, running_sum=8, kv_used_sum=2.0, kv_peak=0.5, wall_s=5.0)  # fmt: skip
+    b = RunStats(items=30, generated_tokens=300, prompt_tokens=150, cached_prompt_tokens=10,
+                 steps=6, running_sum=30, kv_used_sum=1.2, kv_peak=0.9, wall_s=9.0)  # fmt: skip
+    merged = RunStats.merge([a, RunStats.from_dict(b.to_dict())])
+    assert (merged.items, merged.errors, merged.generated_tokens) == (40, 1, 400)
+    assert merged.wall_s == 9.0 and merged.kv_peak == 0.9  # slices side by side: the longest, the highest
+    summary = merged.summary()
+    assert summary["mean_running_batch"] == round(38 / 10, 2)  # weighted by steps, not by slices
+    assert summary["prefix_cache_hit_rate"] == round(50 / 200, 4)
+    assert summary["items_per_s"] == round(41 / 9.0, 3)
+    assert RunStats.merge([a, b], wall_s=20.0).summary()["wall_time_s"] == 20.0

@@ -7,6 +7,8 @@ import copy
 
 import torch
 
+from bulkrun.tasks.base import Item
+
 
 def load_hf_model(path):
     from transformers import AutoModelForCausalLM
@@ -15,11 +17,20 @@ def load_hf_model(path):
 
 
 def chat_prompt_ids(tokenizer, text: str) -> list[int]:
-    """The job layer's default rendering: one user message through the chat template."""
-    prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-    )
-    return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    """The prompt ids the job layer's PromptBuilder makes for `text` (one user message, chat template)."""
+    from bulkrun.job.feed import PromptBuilder
+
+    class _Text:
+        def render(self, item):
+            return text
+
+        def requests(self, item, prompt_ids):
+            return [prompt_ids]
+
+    builder = PromptBuilder(_Text(), tokenizer, chat_template=True, system=None, max_model_len=1 << 30)
+    (prepared,), errors = builder.prepare([Item(0, "0", {})])
+    assert not errors, errors
+    return prepared.requests[0]
 
 
 @torch.no_grad()
@@ -68,13 +79,12 @@ class ReferenceEngine:
 
 
 def run_items(task, tokenizer, engine, rows: list[dict]):
-    """The job layer's per-item flow (render -> chat template -> requests -> engine -> result)."""
-    from bulkrun.tasks.base import Item
+    """Rows through the job layer's real PromptBuilder (render -> chat template -> tokenize ->
+    requests), each request through `engine`, then the task's result: one result per row, in order."""
+    from bulkrun.job.feed import PromptBuilder
 
-    results = []
-    for index, fields in enumerate(rows):
-        item = Item(index, str(fields.get("id", index)), fields)
-        prompt_ids = chat_prompt_ids(tokenizer, task.render(item))
-        outputs = [engine.run(r) for r in task.requests(item, prompt_ids)]
-        results.append(task.result(item, outputs))
-    return results
+    items = [Item(index, str(fields.get("id", index)), fields) for index, fields in enumerate(rows)]
+    builder = PromptBuilder(task, tokenizer, chat_template=True, system=None, max_model_len=1 << 30)
+    prepared, errors = builder.prepare(items, sort=False)
+    assert not errors, errors
+    return [task.result(p.item, [engine.run(r) for r in p.requests]) for p in prepared]

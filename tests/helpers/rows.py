@@ -1,5 +1,4 @@
-"""Helpers for the distributed tests: a tiny random model the real engine runs in seconds, an input
-file, and readers for what a job left in its output directory."""
+"""Input files and what a job left in its output directory: JSONL writers and readers, shard rows."""
 
 from __future__ import annotations
 
@@ -10,29 +9,20 @@ from pathlib import Path
 from bulkrun.io.shards import RESULTS_DIR, shard_paths, shard_rows
 
 
-def make_tiny_model(directory: Path) -> Path:
-    """A random 2-layer Llama (hidden 32) with a byte-level tokenizer: every text encodes."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+def write_jsonl(path: Path, rows: list) -> Path:
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
+    return path
 
-    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    vocab["<|end|>"] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<|end|>"])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|end|>", pad_token="<|end|>")
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        eos_token_id=tokenizer.eos_token_id, bos_token_id=None, pad_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    directory.mkdir(parents=True, exist_ok=True)
-    LlamaForCausalLM(config).save_pretrained(directory, safe_serialization=True)
-    tokenizer.save_pretrained(directory)
-    return directory
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def texts(n: int, start: int = 0) -> list[dict]:
+    """Rows of varied length with string ids."""
+    return [{"id": f"r{i}", "text": f"row {i} " + "word " * (i % 7 + 1)} for i in range(start, start + n)]
 
 
 def write_rows(path: Path, count: int) -> Path:
@@ -45,8 +35,7 @@ def write_rows(path: Path, count: int) -> Path:
 
 
 def read_results(out: Path) -> list[dict]:
-    with open(Path(out) / "results.jsonl") as f:
-        return [json.loads(line) for line in f]
+    return read_jsonl(Path(out) / "results.jsonl")
 
 
 def committed_rows(out: Path) -> list[int]:

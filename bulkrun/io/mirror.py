@@ -8,30 +8,26 @@ process works in a private local staging directory instead:
   only once complete, and an upload is made visible all at once), so what is uploaded is committed;
 - at the end it uploads the rest (and, for the process that finalizes, the final files).
 A process killed mid-run loses only what it had not uploaded yet; the next run redoes exactly that.
-Locks on a URI are advisory: a lock file with a heartbeat, refreshed by the upload thread.
+The lock behind a URI is io/lock.py's JobLock (advisory there), refreshed by the upload thread.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import socket
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from bulkrun.distributed.outfs import OutDir, is_uri
-from bulkrun.errors import LockHeld
+from bulkrun.io.lock import JobLock, lock_name
+from bulkrun.io.outdir import OutDir, is_uri
 
 PULL_DIRS = ("shards", "errors", "slices")
 PUSH_DIRS = ("shards", "errors", "slices", "progress")
 MANIFEST = "manifest.json"
 UPLOAD_EVERY_S = 5.0
-LOCK_STALE_S = 120.0  # a remote lock whose heartbeat is older than this belongs to a dead run
 
 
 class RemoteMirror:
@@ -127,42 +123,8 @@ def _mtime(path: Path) -> int | None:
         return None
 
 
-class RemoteLock:
-    """An advisory lock file on the remote: owner and heartbeat, refreshed while the run lives."""
-
-    def __init__(self, mirror: RemoteMirror, writer: str):
-        self.outdir = mirror.remote
-        self.rel = "lock" if writer == "part" else f"lock.{writer}"
-        self.owner = {"pid": os.getpid(), "hostname": socket.gethostname(), "token": os.urandom(8).hex()}
-
-    def acquire(self) -> None:
-        holder = self._read()
-        if holder and holder.get("token") != self.owner["token"]:
-            age = time.time() - float(holder.get("heartbeat", 0))
-            if age < LOCK_STALE_S:
-                raise LockHeld(
-                    f"'{self.outdir.out}' is in use by pid {holder.get('pid')} on {holder.get('hostname')} "
-                    f"(heartbeat {age:.0f}s ago; lock {self.rel}); wait for it, or delete the lock if that run is dead"
-                )
-        self.heartbeat()
-
-    def heartbeat(self) -> None:
-        self.outdir.write_bytes(self.rel, json.dumps(self.owner | {"heartbeat": time.time()}).encode())
-
-    def release(self) -> None:
-        holder = self._read()
-        if holder and holder.get("token") == self.owner["token"]:
-            self.outdir.delete(self.rel)
-
-    def _read(self) -> dict | None:
-        try:
-            return json.loads(self.outdir.read_bytes(self.rel))
-        except (OSError, ValueError):
-            return None
-
-
 class _Uploader(threading.Thread):
-    def __init__(self, mirror: RemoteMirror, lock: RemoteLock | None, every_s: float):
+    def __init__(self, mirror: RemoteMirror, lock: JobLock | None, every_s: float):
         super().__init__(name="bulkrun-uploader", daemon=True)
         self.mirror, self.lock, self.every_s = mirror, lock, every_s
         self.stopped = threading.Event()
@@ -184,7 +146,7 @@ def staged(uri: str, *, writer: str, lock: bool, wipe: tuple[tuple[str, ...], tu
     """A private local mirror of `uri` for one process; uploads as it goes and at the end."""
     local = Path(tempfile.mkdtemp(prefix="bulkrun-stage-"))
     mirror = RemoteMirror(uri, local)
-    remote_lock = RemoteLock(mirror, writer) if lock else None
+    remote_lock = JobLock(lock_name(writer), mirror.remote) if lock else None
     try:
         if remote_lock is not None:
             remote_lock.acquire()

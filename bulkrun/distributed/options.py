@@ -11,8 +11,9 @@ from typing import Annotated
 
 import typer
 
-from bulkrun.distributed.partition import parse_shard
 from bulkrun.errors import UsageError
+from bulkrun.io.outdir import is_uri
+from bulkrun.job.slices import parse_shard
 
 # A bare `--ray`: connect to the cluster RAY_ADDRESS or `ray start` points at, else start a local one.
 RAY_DEFAULT = "default"
@@ -57,7 +58,7 @@ _HOST_PORT = re.compile(r"^[\w.\-\[\]:]+:\d+$")
 
 def looks_like_ray_address(token: str) -> bool:
     """Whether the word after `--ray` is its address (rather than the input file or another option)."""
-    return token in ("auto", "local", RAY_DEFAULT) or "://" in token or bool(_HOST_PORT.match(token))
+    return token in ("auto", "local", RAY_DEFAULT) or is_uri(token) or bool(_HOST_PORT.match(token))
 
 
 def fix_bare_ray_flag(argv: list[str]) -> list[str]:

@@ -2,7 +2,7 @@
 
 Each entry point runs the ordinary job-layer function on a private local mirror (see remote_out.py)
 and reports the URI as the job's `out`. The Ray driver and workers use `driver_session_at_uri` and
-`run_slice_at_uri` the same way (bulkrun.distributed.joblayer picks them for URI outputs).
+`run_slice_at_uri` the same way (ray_worker.py picks them for URI outputs).
 """
 
 from __future__ import annotations
@@ -12,20 +12,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from bulkrun.distributed.partition import Partition, parse_shard
-from bulkrun.distributed.remote_out import MANIFEST, RemoteMirror, staged, uri_out
+from bulkrun.io.atomic import write_json_atomic
+from bulkrun.io.mirror import MANIFEST, RemoteMirror, staged, uri_out
+from bulkrun.job.session import FINAL_FILES, JOB_DIRS, SINGLE, open_job
+from bulkrun.job.slices import Partition, parse_shard
+from bulkrun.job.stats import RunStats
 
-
-def _final_files() -> tuple[str, ...]:
-    from bulkrun.job.layout import FINAL_FILES
-
-    return tuple(name for name in FINAL_FILES if name != MANIFEST)
-
-
-def _restart_wipe() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    from bulkrun.job.layout import FINAL_FILES, JOB_DIRS
-
-    return tuple(FINAL_FILES), tuple(JOB_DIRS)
+_FINAL_FILES = tuple(name for name in FINAL_FILES if name != MANIFEST)
+_RESTART_WIPE = (FINAL_FILES, JOB_DIRS)
 
 
 def _local(spec: Any, mirror: RemoteMirror) -> Any:
@@ -34,12 +28,10 @@ def _local(spec: Any, mirror: RemoteMirror) -> Any:
 
 def _publish(mirror: RemoteMirror, report: dict) -> dict:
     """Name the URI as the job's out in report.json and upload the final files."""
-    from bulkrun.job.report import write_report
-
     report = dict(report, out=mirror.uri)
     if (mirror.local / "report.json").exists():
-        write_report(mirror.local, report)
-    mirror.push_files(list(_final_files()))
+        write_json_atomic(mirror.local / "report.json", report)
+    mirror.push_files(list(_FINAL_FILES))
     return report
 
 
@@ -48,18 +40,18 @@ def run_job_at_uri(spec: Any) -> dict:
     from bulkrun.job.runner import run_job
 
     partition = parse_shard(spec.shard) if spec.shard else None
-    writer = "part" if partition is None else partition.tag
-    wipe = _restart_wipe() if spec.restart and partition is None else None
+    writer = SINGLE if partition is None else partition.tag
+    wipe = _RESTART_WIPE if spec.restart and partition is None else None
     with staged(uri_out(spec), writer=writer, lock=True, wipe=wipe) as mirror:
         report = run_job(_local(spec, mirror))
         mirror.push()
         return _publish(mirror, report) if partition is None else dict(report, out=mirror.uri)
 
 
-def run_slice_at_uri(spec: Any, partition: Partition, run: Callable[[Any], dict]) -> dict:
+def run_slice_at_uri(spec: Any, partition: Partition, run: Callable[[Any], RunStats]) -> RunStats:
     """A Ray worker's slice: `run(local_spec)` on a mirror; the driver holds the lock."""
     with staged(uri_out(spec), writer=partition.tag, lock=False) as mirror:
-        return dict(run(_local(spec, mirror)), out=mirror.uri)
+        return run(_local(spec, mirror))
 
 
 class _UriSession:
@@ -73,18 +65,16 @@ class _UriSession:
     def total_rows(self) -> int | None:
         return self._session.total_rows
 
-    def finalize(self, report: dict) -> dict:
+    def finalize(self, stats: RunStats, extra: dict | None = None) -> dict:
         self._mirror.pull()
-        return _publish(self._mirror, self._session.finalize(report))
+        return _publish(self._mirror, self._session.finalize(stats, extra))
 
 
 @contextmanager
 def driver_session_at_uri(spec: Any) -> Iterator[_UriSession]:
-    from bulkrun.job.runner import job_session
-
-    wipe = _restart_wipe() if spec.restart else None
-    with staged(uri_out(spec), writer="part", lock=True, wipe=wipe) as mirror:
-        with job_session(_local(spec, mirror)) as session:
+    wipe = _RESTART_WIPE if spec.restart else None
+    with staged(uri_out(spec), writer=SINGLE, lock=True, wipe=wipe) as mirror:
+        with open_job(_local(spec, mirror)) as session:
             mirror.push_files([MANIFEST])  # workers check their job against it when they start
             yield _UriSession(session, mirror)
 

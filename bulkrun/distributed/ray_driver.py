@@ -20,13 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bulkrun.distributed.cli_options import ray_address
-from bulkrun.distributed.partition import Partition, all_partitions
-from bulkrun.distributed.progress import ProgressBoard
-from bulkrun.distributed.ray_connect import Cluster, connect, import_ray
-from bulkrun.distributed.slices import merge_reports
-from bulkrun.distributed.worker import DEFAULT_RUNNER, SliceWorker
+from bulkrun.distributed.cluster import Cluster, connect, import_ray
+from bulkrun.distributed.options import ray_address
+from bulkrun.distributed.ray_worker import DEFAULT_RUNNER, SliceWorker
 from bulkrun.errors import BulkrunError
+from bulkrun.io.outdir import is_uri
+from bulkrun.job.slices import Partition, all_partitions
+from bulkrun.job.stats import RunStats
 
 POLL_S = 0.25
 
@@ -66,7 +66,7 @@ def run_on_ray(
 ) -> dict:
     """Run the whole job on Ray and return the job's report (the same shape as a local run's).
 
-    `runner` names the module with build_engine / run_slice / driver_session (the job layer's door).
+    `runner` names the module with build_engine / run_slice / driver_session (ray_worker.py's door).
     `on_tick` is called with the DriverState about four times a second.
     """
     import_ray()  # before any work: without Ray, say how to install it
@@ -78,18 +78,17 @@ def run_on_ray(
             started = time.time()
             n_workers = _worker_count(cluster, workers_wanted)
             driver = _Driver(spec, cluster, n_workers, on_tick, session.total_rows, runner)
-            reports = driver.run()
-            report = merge_reports(reports, wall_s=driver.processing_s())
-            report.update(
-                job_wall_s=round(time.time() - started, 3),  # with Ray start-up and model loading
-                workers=n_workers,
-                worker_restarts=driver.state.deaths,
-                ray_address=_address(cluster),
-            )
+            stats = RunStats.merge(driver.run(), wall_s=driver.processing_s())
+            extra = {
+                "job_wall_s": round(time.time() - started, 3),  # with Ray start-up and model loading
+                "workers": n_workers,
+                "worker_restarts": driver.state.deaths,
+                "ray_address": _address(cluster),
+            }
         finally:
             if cluster.started_here:
                 cluster.ray.shutdown()
-        report = session.finalize(report)
+        report = session.finalize(stats, extra)
     if report.get("complete") is False:
         print(
             f"bulkrun: every slice finished, yet {report.get('remaining')} rows are missing from "
@@ -105,13 +104,9 @@ def _absolute_paths(spec: Any) -> Any:
     if not dataclasses.is_dataclass(spec):
         return spec
     changes = {}
-    if getattr(spec, "out", "") is None:  # the job layer's default (runs/<task>-<input>), from here
-        from bulkrun.job.setup import out_dir
-
-        changes["out"] = str(out_dir(spec))
     for name in ("input", "out", "model"):
-        value = changes.get(name, getattr(spec, name, None))
-        if isinstance(value, str) and "://" not in value and (name == "out" or os.path.exists(value)):
+        value = getattr(spec, name, None)
+        if isinstance(value, str) and not is_uri(value) and (name == "out" or os.path.exists(value)):
             changes[name] = os.path.abspath(value)
     return dataclasses.replace(spec, **changes) if changes else spec
 
@@ -144,7 +139,7 @@ class _Driver:
         self.busy: dict[Any, WorkerSlot] = {}  # run_slice ref -> worker
         self.starting: dict[Any, WorkerSlot] = {}  # ready ref -> worker
         self.idle: list[WorkerSlot] = []
-        self.reports: dict[Partition, dict] = {}
+        self.stats: dict[Partition, RunStats] = {}
         self.state = DriverState(workers=[])
         self.attempts = 0
         self.first_slice_at: float | None = None  # processing time: first slice handed out ...
@@ -153,7 +148,7 @@ class _Driver:
         self.actor_class = self.ray.remote(SliceWorker)
         self.bar = _progress_bar(spec, total)
 
-    def run(self) -> list[dict]:
+    def run(self) -> list[RunStats]:
         try:
             for _ in range(self.n_workers):
                 self._start_worker()
@@ -166,7 +161,7 @@ class _Driver:
                     self._collect(ref)
                 self._tick()
             self._tick()
-            return [self.reports[p] for p in all_partitions(self.n_workers)]
+            return [self.stats[p] for p in all_partitions(self.n_workers)]
         finally:
             self.bar.close()
             for slot in self.state.workers:
@@ -206,7 +201,7 @@ class _Driver:
         except self.ray.exceptions.RayTaskError as exc:
             raise _original_error(exc) from None  # bad input, unloadable model...: the same everywhere
         if slot.partition is not None:
-            self.reports[slot.partition] = result
+            self.stats[slot.partition] = result
             self.state.slices_done += 1
             self.last_slice_at = time.monotonic()
             slot.partition = None
@@ -241,6 +236,28 @@ class _Driver:
             self.bar.update(items - self.bar.n)
         if self.on_tick is not None:
             self.on_tick(self.state)
+
+
+class ProgressBoard:
+    """Progress of a Ray job, in a tiny actor: workers push counts, the driver reads one total.
+
+    Counts are kept per slice attempt. A slice's first report is the number of its rows already
+    committed (resume), so the total is "rows done", and when an attempt dies the driver drops that
+    attempt's counts: its replacement reports the committed ones again and redoes the rest."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, list[int]] = {}
+
+    def add(self, attempt: str, items: int, tokens: int) -> None:
+        counts = self._counts.setdefault(attempt, [0, 0])
+        counts[0] += items
+        counts[1] += tokens
+
+    def drop(self, attempt: str) -> None:
+        self._counts.pop(attempt, None)
+
+    def totals(self) -> tuple[int, int]:
+        return sum(c[0] for c in self._counts.values()), sum(c[1] for c in self._counts.values())
 
 
 def _worker_resources(cluster: Cluster, n_workers: int) -> dict:

@@ -19,9 +19,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bulkrun.distributed.partition import Partition
-from bulkrun.distributed.slices import mark_slice_done
 from bulkrun.errors import InputError, ModelError
+from bulkrun.job.slices import Partition, mark_slice_done
+from bulkrun.job.stats import RunStats
 
 
 @dataclass
@@ -54,7 +54,7 @@ def build_engine(spec: FakeSpec) -> str:
     return "fake-engine"
 
 
-def run_slice(spec: FakeSpec, partition: Partition, engine: str, on_progress) -> dict:
+def run_slice(spec: FakeSpec, partition: Partition, engine: str, on_progress) -> RunStats:
     committed = set(shard_rows(spec.out))
     mine = [(row, obj) for row, obj in _rows(spec) if partition.owns(row)]
     on_progress(sum(1 for row, _ in mine if row in committed), 0)
@@ -71,9 +71,9 @@ def run_slice(spec: FakeSpec, partition: Partition, engine: str, on_progress) ->
         if len(buffer) >= spec.commit_every:
             _commit(spec.out, prefix, buffer)
     _commit(spec.out, prefix, buffer)
-    report = {"items": done, "generated_tokens": done, "pid": os.getpid()}
-    mark_slice_done(spec.out, partition, report)
-    return report
+    stats = RunStats(items=done, generated_tokens=done)
+    mark_slice_done(spec.out, partition, stats.to_dict())
+    return stats
 
 
 class _Session:
@@ -81,7 +81,7 @@ class _Session:
         self.spec = spec
         self.total_rows = len(_rows(spec))
 
-    def finalize(self, report: dict) -> dict:
+    def finalize(self, stats: RunStats, extra: dict | None = None) -> dict:
         records = {}
         for path in _shards(self.spec.out):
             for record in pq.read_table(path).to_pylist():
@@ -89,7 +89,7 @@ class _Session:
         with open(Path(self.spec.out) / "results.jsonl", "w") as f:
             for row in sorted(records):
                 f.write(json.dumps(records[row]) + "\n")
-        report = dict(report, results=len(records))
+        report = stats.summary() | (extra or {}) | {"results": len(records)}
         (Path(self.spec.out) / "report.json").write_text(json.dumps(report))
         return report
 

@@ -1,6 +1,6 @@
-"""The real job layer door (bulkrun.distributed.joblayer), with every finished item slowed down.
+"""The real job layer door (bulkrun.distributed.ray_worker), with every finished item slowed down.
 
-Tests that kill a worker or the driver mid-job use it (run_on_ray(spec, runner="slow_joblayer")) so
+Tests that kill a worker or the driver mid-job use it (run_on_ray(spec, runner="helpers.slow_joblayer")) so
 that "mid-job" holds on any machine: a slice lasts seconds however fast the engine is. Results are
 unchanged: only the pace differs.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from bulkrun.distributed import joblayer
+from bulkrun.distributed import ray_worker as joblayer
 
 ITEM_DELAY_S = 0.1
 

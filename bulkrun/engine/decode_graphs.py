@@ -1,0 +1,126 @@
+"""CUDA graphs for decode-only steps: the model's forward captured once per padded batch size.
+
+A decode step of a small model is dozens of kernel launches, each behind Python argument checks;
+replaying a captured graph issues them all at once. A step of n sequences runs the graph of the
+smallest captured size >= n: its inputs are copied into static buffers, the rows past n are
+padding (token 0 at position 0, writing into a block the scheduler never hands out, attending to
+that one slot), and the first n rows of the static output are the step's hidden states.
+
+Mixed and prefill steps, steps larger than the largest graph and every step after a failed
+capture run eagerly. Without capture (the CPU, tests) the same padded static-buffer path runs
+eagerly, so it is checked against the unpadded one everywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from bulkrun.model.attention_metadata import AttentionMetadata
+from bulkrun_kernels.reference import plan_attention
+
+log = logging.getLogger(__name__)
+
+MAX_CAPTURED_BATCH = 512  # larger decode batches are bound by their matmuls, not by launches
+
+
+def graph_batch_sizes(max_num_seqs: int) -> list[int]:
+    """1, 2, 4, 8, then every multiple of 8 up to max_num_seqs (capped at MAX_CAPTURED_BATCH)."""
+    top = min(max_num_seqs, MAX_CAPTURED_BATCH)
+    sizes = [s for s in (1, 2, 4) if s < top] + list(range(8, top + 1, 8))
+    if not sizes or sizes[-1] < top:
+        sizes.append(top)
+    return sizes
+
+
+class DecodeGraphs:
+    def __init__(self, runner, sizes: list[int]):
+        self.runner = runner
+        self.sizes = sorted(sizes)
+        n, device = self.sizes[-1], runner.device
+        self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
+        self.positions = torch.zeros(n, dtype=torch.long, device=device)
+        self.slot_mapping = torch.zeros(n, dtype=torch.long, device=device)
+        self.block_tables = torch.zeros(n, runner.max_blocks_per_seq, dtype=torch.int32, device=device)
+        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
+        self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
+        self.logits_indices = torch.arange(n, dtype=torch.long, device=device)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+
+    @classmethod
+    def capture(cls, runner, sizes: list[int]) -> DecodeGraphs | None:
+        """Capture every size (largest first, sharing one memory pool); None, with one log line,
+        when capture fails (the runner then runs every step eagerly)."""
+        graphs = cls(runner, sizes)
+        try:
+            pool = None
+            for size in reversed(graphs.sizes):
+                graphs._pad_all(size)
+                graphs._forward(size)  # warm up: compile kernels, allocate workspaces
+                torch.cuda.synchronize(runner.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    out = graphs._forward(size)
+                pool = graph.pool()
+                graphs.graphs[size] = (graph, out)
+        except Exception as exc:  # noqa: BLE001 - any failure means: run eagerly
+            log.warning("CUDA graph capture failed, decode steps run eagerly: %s", str(exc).splitlines()[0])
+            return None
+        return graphs
+
+    def padded_size(self, n: int) -> int | None:
+        for size in self.sizes:
+            if size >= n:
+                return size
+        return None
+
+    def run(self, inputs) -> torch.Tensor | None:
+        """Hidden states of a decode-only step's rows, or None when no size fits it."""
+        n = inputs.num_rows
+        size = self.padded_size(n)
+        if size is None:
+            return None
+        md = inputs.metadata
+        self.input_ids[:n].copy_(inputs.input_ids, non_blocking=True)
+        self.positions[:n].copy_(md.positions, non_blocking=True)
+        self.slot_mapping[:n].copy_(md.slot_mapping, non_blocking=True)
+        width = md.block_tables.shape[1]
+        self.block_tables[:n, :width].copy_(md.block_tables, non_blocking=True)
+        self.seq_lens[:n].copy_(md.seq_lens, non_blocking=True)
+        self._pad(n, size)
+        captured = self.graphs.get(size)
+        if captured is None:
+            return self._forward(size)[:n]
+        graph, out = captured
+        graph.replay()
+        return out[:n]
+
+    def _pad_all(self, size: int) -> None:
+        self._pad(0, size)
+
+    def _pad(self, n: int, size: int) -> None:
+        """Rows n..size-1: token 0 at position 0 of the padding block, a context of one slot."""
+        if n >= size:
+            return
+        block = self.runner.padding_block
+        self.input_ids[n:size] = 0
+        self.positions[n:size] = 0
+        self.slot_mapping[n:size] = block * self.runner.block_size
+        self.block_tables[n:size, 0] = block
+        self.seq_lens[n:size] = 1
+
+    def _forward(self, size: int) -> torch.Tensor:
+        runner = self.runner
+        md = AttentionMetadata(
+            positions=self.positions[:size],
+            slot_mapping=self.slot_mapping[:size],
+            block_tables=self.block_tables[:size],
+            query_start_loc=self.query_start_loc[: size + 1],
+            seq_lens=self.seq_lens[:size],
+        )
+        if runner.ops.backend == "reference":  # CPU only: the plan is host data, never captured
+            md.plan = plan_attention(md.block_tables, md.query_start_loc, md.seq_lens, runner.block_size, runner.dtype)
+        return runner.model.final_hidden(
+            self.input_ids[:size], md, runner.kv_cache.layers, self.logits_indices[:size]
+        )

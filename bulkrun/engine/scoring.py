@@ -1,0 +1,169 @@
+"""Continuation scoring, in one place: how a scoring request is split, which rows it needs logits
+for, how those logits become log-probabilities, and what its results do to it. The scheduler side
+needs no torch; the runner side imports it inside compute_logprobs.
+
+A scoring request ("parent") computes its whole prompt; its last prompt row scores every
+continuation's first token. Each continuation longer than one token gets a child request (prompt +
+continuation) that starts from the parent's full blocks and scores cont[1:]. The parent finishes
+when its last child does.
+
+Fixed points: the scheduler calls `start_scoring` when a scoring request arrives and `apply_results`
+when a step's results land; the step-input builder calls `score_rows` per scheduled chunk and the
+runner calls `compute_logprobs` once per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from bulkrun.engine.request import Request, RequestKind
+from bulkrun.engine.runner_output import RunnerOutput
+
+# ---- scheduler side ------------------------------------------------------------------------------
+
+
+def start_scoring(parent: Request, continuations: list[list[int]], unique_id: Callable[[str], str]) -> None:
+    """Make `parent` a scoring parent and create its children (not yet queued)."""
+    prompt_len = parent.num_prompt_tokens
+    parent.kind = RequestKind.SCORE_PARENT
+    parent.compute_limit = prompt_len
+    parent.first_token_ids = [int(cont[0]) for cont in continuations]
+    parent.continuation_lengths = [len(cont) for cont in continuations]
+    parent.children = [
+        Request(
+            unique_id(f"{parent.request_id}::cont{i}"),
+            parent.params,
+            parent.token_ids + [int(t) for t in cont],
+            prompt_len,
+            parent.arrival,
+            kind=RequestKind.SCORE_CHILD,
+            compute_limit=prompt_len + len(cont) - 1,
+            score_start=prompt_len + 1,
+            parent=parent,
+        )
+        for i, cont in enumerate(continuations)
+        if len(cont) > 1
+    ]
+
+
+def positions_needed(num_prompt_tokens: int, continuations: list[list[int]]) -> int:
+    """Positions the longest child computes (the last continuation token is scored, not computed)."""
+    return num_prompt_tokens + max(len(c) for c in continuations) - 1
+
+
+class ScoringEvent(Enum):
+    NONE = "none"  # more chunks to come
+    FORK = "fork"  # the parent's prompt is done: hand its blocks to the children and queue them
+    CHILD_DONE = "child_done"  # a child scored its last token (the parent may be done too)
+    PARENT_DONE = "parent_done"  # the parent is finished ("scored")
+
+
+def apply_results(req: Request, end: int, result: RunnerOutput) -> ScoringEvent:
+    """Record a scoring request's results for the chunk that computed up to position `end`."""
+    if req.kind is RequestKind.SCORE_CHILD:
+        scores = result.score_logprobs.get(req.request_id)
+        if scores:
+            req.score_logprobs.extend(scores)
+        return ScoringEvent.CHILD_DONE if end >= req.compute_limit else ScoringEvent.NONE
+    if end < req.compute_limit:
+        return ScoringEvent.NONE
+    req.first_token_logprobs = result.first_token_logprobs[req.request_id]
+    return ScoringEvent.FORK if req.children else ScoringEvent.PARENT_DONE
+
+
+def child_finished(child: Request) -> bool:
+    """Count a finished child off its parent; True when it was the last."""
+    parent = child.parent
+    parent.num_live_children -= 1
+    return parent.num_live_children == 0
+
+
+def forget_results(req: Request) -> None:
+    """A preempted scoring request recomputes, and rescores, from scratch."""
+    req.score_logprobs.clear()
+    req.first_token_logprobs.clear()
+
+
+def continuation_logprobs(parent: Request) -> list[list[float]]:
+    """Per continuation, the log-probability of each of its tokens (the first from the parent's
+    last prompt row, the rest from the continuation's child)."""
+    children = iter(parent.children)
+    out = []
+    for first, n in zip(parent.first_token_logprobs, parent.continuation_lengths, strict=True):
+        out.append([first, *next(children).score_logprobs] if n > 1 else [first])
+    return out
+
+
+# ---- runner side ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ScoreSpan:
+    request: Request
+    first_row: int  # into the scored rows (then shifted past the sampled rows)
+    targets: list[int]  # token_ids[p + 1] for each scored position p, in position order
+
+
+@dataclass(slots=True)
+class ScoreRows:
+    """A step's logits rows for scoring, after the sampled rows: the spans' rows, then one row per
+    scoring parent whose last prompt row is computed this step."""
+
+    spans: list[ScoreSpan] = field(default_factory=list)
+    span_rows: list[int] = field(default_factory=list)  # packed rows, in span order
+    first_token_requests: list[Request] = field(default_factory=list)
+    first_token_rows: list[int] = field(default_factory=list)
+
+    def add(self, r: Request, start: int, n: int, row: int) -> None:
+        """The chunk of `r` computing positions start..start+n-1 from packed row `row`."""
+        if r.score_start is not None:
+            # positions p of this chunk with score_start <= p + 1 < len(token_ids)
+            lo, hi = max(start, r.score_start - 1), min(start + n, len(r.token_ids) - 1)
+            if hi > lo:
+                self.spans.append(ScoreSpan(r, len(self.span_rows), r.token_ids[lo + 1 : hi + 1]))
+                self.span_rows.extend(range(row + lo - start, row + hi - start))
+        if r.first_token_ids is not None and start + n == len(r.token_ids):
+            self.first_token_rows.append(row + n - 1)
+            self.first_token_requests.append(r)
+
+    def shift(self, num_sample_rows: int) -> None:
+        for span in self.spans:
+            span.first_row += num_sample_rows
+
+    @property
+    def rows(self) -> list[int]:
+        return self.span_rows + self.first_token_rows
+
+
+def compute_logprobs(rows: ScoreRows, logits, first_logit_row: int, result: RunnerOutput) -> None:
+    """Fill result's score_logprobs / first_token_logprobs. `logits` holds the scoring rows from
+    first_logit_row on, in ScoreRows order (fp32 or bf16 [N, vocab] tensor)."""
+    import torch
+
+    spans = rows.spans
+    at = first_logit_row
+    if spans:
+        targets = torch.tensor([t for s in spans for t in s.targets], device=logits.device)
+        scored = logits[at : at + len(targets)].float().log_softmax(dim=-1)
+        values = scored.gather(1, targets[:, None]).squeeze(1).tolist()
+        start = 0
+        for s in spans:
+            result.score_logprobs[s.request.request_id] = values[start : start + len(s.targets)]
+            start += len(s.targets)
+        at += len(targets)
+    requests = rows.first_token_requests
+    if requests:
+        # one log_softmax row per parent (its last prompt row), K gathers from it
+        firsts = logits[at : at + len(requests)].float().log_softmax(dim=-1)
+        row_index = [i for i, r in enumerate(requests) for _ in r.first_token_ids]
+        tokens = [t for r in requests for t in r.first_token_ids]
+        device = logits.device
+        values = firsts[torch.tensor(row_index, device=device), torch.tensor(tokens, device=device)].tolist()
+        start = 0
+        for r in requests:
+            end = start + len(r.first_token_ids)
+            result.first_token_logprobs[r.request_id] = values[start:end]
+            start = end
+

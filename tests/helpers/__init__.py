@@ -1,0 +1,1 @@
+"""Shared test helpers: tiny models, a fake engine, input files and output readers, task references."""

@@ -1,0 +1,53 @@
+"""The padded static-buffer path of captured decode steps, run eagerly on the CPU: same tokens as
+the unpadded path, padding rows never touch a block the scheduler hands out."""
+
+from __future__ import annotations
+
+import pytest
+from tiny_models import VOCAB, build_tiny_model
+
+from bulkrun.engine.config import EngineConfig
+from bulkrun.engine.decode_graphs import DecodeGraphs, graph_batch_sizes
+from bulkrun.engine.engine import Engine
+from bulkrun.engine.params import EngineRequest, SamplingParams
+from bulkrun.engine.runner import ModelRunner
+
+
+def test_batch_sizes_are_padded_up_to_the_running_limit():
+    assert graph_batch_sizes(1) == [1]
+    assert graph_batch_sizes(6) == [1, 2, 4, 6]
+    assert graph_batch_sizes(40) == [1, 2, 4, 8, 16, 24, 32, 40]
+    assert graph_batch_sizes(1024)[-1] == 512 and graph_batch_sizes(1024)[-2] == 504
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llama")
+    build_tiny_model("llama", folder)
+    return str(folder)
+
+
+def _run(model_dir, padded: bool, kernels: str):
+    config = EngineConfig(block_size=4, kv_cache_bytes=1 << 20, max_num_seqs=8, kernels=kernels, cuda_graphs=False)
+    runner = ModelRunner(model_dir, config)
+    used = []
+    if padded:
+        graphs = DecodeGraphs(runner, [1, 2, 4, 8])  # not captured: the static buffers run eagerly
+        run = graphs.run
+        graphs.run = lambda inputs: used.append(inputs.num_rows) or run(inputs)
+        runner.graphs = graphs
+    engine = Engine(runner, config)
+    requests = [
+        EngineRequest(f"r{i}", [3 + (7 * i + j) % (VOCAB - 3) for j in range(2 + 3 * i)],
+                      SamplingParams(max_tokens=4 + 2 * i, ignore_eos=True))
+        for i in range(7)
+    ]  # fmt: skip
+    return [o.output_token_ids for o in engine.generate(requests)], used
+
+
+@pytest.mark.parametrize("kernels", ["cpu", "reference"])
+def test_padded_decode_steps_give_the_unpadded_tokens(model_dir, kernels):
+    plain, _ = _run(model_dir, padded=False, kernels=kernels)
+    padded, used = _run(model_dir, padded=True, kernels=kernels)
+    assert padded == plain
+    assert set(used) & {3, 5, 6, 7}  # batches that really were padded (to 4 or 8)
