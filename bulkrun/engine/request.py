@@ -65,6 +65,7 @@ class Request:
     stop_token_set: frozenset[int] = frozenset()
     length_limit: int = 0
     scheduled_in_step: int = -1  # the last step that scheduled it (preemption spares those)
+    grammar: object | None = None  # a constrained request's grammar.GrammarMatcher (set by the engine)
 
     @property
     def num_tokens(self) -> int:
