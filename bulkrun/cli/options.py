@@ -40,6 +40,7 @@ INPUT_OPTIONS = [
     opt("text_field", str, "--text-field", help="Field holding the text (default: text)."),
     opt("prompt_template", str, "--prompt-template", help="Prompt with {field} placeholders filled per row."),
     opt("system", str, "--system", help="System message added to every chat prompt."),
+    opt("messages_field", str, "--messages-field", help="Field of chat messages (default: messages)."),
     opt(
         "chat_template",
         bool,
@@ -89,9 +90,16 @@ ENGINE_OPTIONS = [
     opt("device", str, "--device", help="cpu or cuda (default: cuda if available)."),
     opt("dtype", str, "--dtype", help="float32 / bfloat16 / float16 (default: fp32 on CPU, bf16 on CUDA)."),
 ]
+CONSTRAINT_OPTIONS = [
+    opt("json_schema", str, "--json-schema", help="JSON Schema every output obeys.", metavar="FILE"),
+    opt("regex", str, "--regex", help="Every output matches this regular expression."),
+    opt("choice", list[str], "--choice", help="Every output is one of these: a,b,c."),
+    opt("schema_field", str, "--schema-field", help="Field holding each row's own JSON Schema."),
+]
 DIST_OPTIONS = [Opt("ray", RayOpt), Opt("workers", WorkersOpt), Opt("shard", ShardOpt)]
 
-JOB_OPTIONS = INPUT_OPTIONS + SAMPLING_OPTIONS + RUN_OPTIONS + ENGINE_OPTIONS + DIST_OPTIONS
+GENERATION_OPTIONS = SAMPLING_OPTIONS + CONSTRAINT_OPTIONS
+JOB_OPTIONS = INPUT_OPTIONS + GENERATION_OPTIONS + RUN_OPTIONS + ENGINE_OPTIONS + DIST_OPTIONS
 
 
 def with_options(*bundles: list[Opt]):

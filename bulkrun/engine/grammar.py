@@ -101,7 +101,35 @@ class ConstraintSpec:
             return m.grammar_from_regex(self.value)
         if self.kind == "choice":
             return m.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in self.choices))
-        return m.grammar_from_json_schema(json.dumps(self.schema), defaults=JSON_OPTIONS)
+        return m.grammar_from_json_schema(json.dumps(closed_objects(self.schema)), defaults=JSON_OPTIONS)
+
+
+# Keywords whose values are data, not subschemas: never rewritten.
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "required"})
+_OPENNESS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+# Keywords whose values map names to subschemas.
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+
+
+def closed_objects(schema):
+    """The schema generation follows: an object schema that lists `properties` and says nothing of
+    other keys gets `additionalProperties: false`. JSON Schema leaves such objects open, and a small
+    model then keeps inventing keys until max_tokens; like OpenAI's strict mode, bulkrun generates
+    only the listed keys unless the schema opens the object itself (`"additionalProperties": true`
+    or a schema). The output is still validated against the schema as written."""
+    if isinstance(schema, list):
+        return [closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: closed_objects(sub) for name, sub in value.items()}
+        else:
+            out[key] = value if key in _DATA_KEYWORDS else closed_objects(value)
+    if isinstance(out.get("properties"), dict) and not any(k in out for k in _OPENNESS):
+        out["additionalProperties"] = False
+    return out
 
 
 def _path(parts) -> str:

@@ -73,6 +73,7 @@ class StepMasks:
         check = [i for i in screened if i in self._slot]
         if not check:
             return
+        self._mask()  # the matchers are the filler's until it is done
         chosen = tokens[check].tolist()
         bad = [i for i, t in zip(check, chosen, strict=True) if not self.matchers[self._slot[i]].allows(t)]
         if not bad:
