@@ -211,3 +211,22 @@ def test_fill_refuses_a_wrong_buffer(cache, tokenizer):
         MaskFiller().fill([m], np.zeros((1, tokenizer.mask_words), dtype=np.int64))
     with pytest.raises(ValueError, match="1 matchers for a bitmask of 0 rows"):
         MaskFiller().fill([m], new_bitmask(0, tokenizer))
+
+
+def test_objects_are_closed_unless_the_schema_opens_them():
+    from bulkrun.engine.grammar import closed_objects
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "properties": {"type": "object", "properties": {"a": {"type": "string"}}},  # a key named so
+            "open": {"type": "object", "properties": {}, "additionalProperties": True},
+            "data": {"enum": [{"properties": {}}]},  # data, not a schema
+        },
+    }
+    closed = closed_objects(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["properties"]["additionalProperties"] is False
+    assert closed["properties"]["open"]["additionalProperties"] is True
+    assert closed["properties"]["data"] == {"enum": [{"properties": {}}]}
+    assert "additionalProperties" not in schema  # the schema as written is left alone (validation)
