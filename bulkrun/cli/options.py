@@ -45,6 +45,7 @@ INPUT_OPTIONS = [
     opt("text_field", str, "--text-field", help="Field holding the text (default: text)."),
     opt("prompt_template", str, "--prompt-template", help="Prompt with {field} placeholders filled per row."),
     opt("system", str, "--system", help="System message added to every chat prompt."),
+    opt("messages_field", str, "--messages-field", help="Field of chat messages (default: messages)."),
     opt("chat_template", bool, "--chat-template/--no-chat-template", help="Apply the model's chat template (default: on)."),
     opt("keep_fields", list[str], "--keep-field", help="Copy this input field into the results (repeatable)."),
 ]  # fmt: skip
@@ -91,9 +92,16 @@ MULTIPLE_CHOICE_OPTIONS = [
     opt("context_field", str, "--context-field", help="Multiple choice: the context field (else the template/text field)."),
     opt("target_delimiter", str, "--target-delimiter", help="Multiple choice: text between context and choice (default ' ')."),
 ]
+CONSTRAINT_OPTIONS = [
+    opt("json_schema", str, "--json-schema", help="JSON Schema every output obeys.", metavar="FILE"),
+    opt("regex", str, "--regex", help="Every output matches this regular expression."),
+    opt("choice", list[str], "--choice", help="Every output is one of these: a,b,c."),
+    opt("schema_field", str, "--schema-field", help="Field holding each row's own JSON Schema."),
+]
 # fmt: on
 
-JOB_OPTIONS = INPUT_OPTIONS + SAMPLING_OPTIONS + RUN_OPTIONS + ENGINE_OPTIONS + DIST_OPTIONS
+GENERATION_OPTIONS = SAMPLING_OPTIONS + CONSTRAINT_OPTIONS
+JOB_OPTIONS = INPUT_OPTIONS + GENERATION_OPTIONS + RUN_OPTIONS + ENGINE_OPTIONS + DIST_OPTIONS
 
 
 def options(*bundles: list[Opt]):

@@ -29,6 +29,7 @@ class EngineConfig:
     # the host (CUDA), off on the CPU
     async_scheduling: bool | None = None
     cuda_graphs: bool = True  # replay captured decode-only steps (CUDA only)
+    grammar_time_limit_s: float = 10.0  # a constraint compiling longer is refused (grammar.GrammarCache)
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

@@ -11,6 +11,7 @@ from typing import Any
 
 from bulkrun.engine.block_pool import BlockPool
 from bulkrun.engine.config import EngineConfig
+from bulkrun.engine.grammar_requests import ConstrainedRequests
 from bulkrun.engine.limits import EngineLimits, choose_limits
 from bulkrun.engine.outputs import RequestOutput, StepStats
 from bulkrun.engine.params import EngineRequest
@@ -56,6 +57,9 @@ class Engine:
         self._launch = getattr(runner, "launch", None) or (lambda sched: _Landed(runner.execute(sched)))
         self._in_flight: tuple[SchedulerOutput, Any] | None = None  # launched, results not applied
         self._stop_matchers: dict[str, StopStringMatcher] = {}
+        self.constrained = ConstrainedRequests(
+            self.tokenizer, self.vocab_size, runner.eos_token_ids, self.config.grammar_time_limit_s
+        )
         self.last_stats = StepStats(kv_blocks_total=self.pool.num_blocks)
 
     @classmethod
@@ -73,7 +77,11 @@ class Engine:
         comes back from a later step() with finish_reason "error"."""
         if self.vocab_size is not None:
             _check_vocab(req, self.vocab_size)
+        spec = req.params.constraint
+        matcher = self.constrained.matcher(spec) if spec is not None and req.continuations is None else None
         request = self.scheduler.add_request(req)
+        if matcher is not None:
+            self.constrained.attach(request, matcher)
         stops = request.params.stop
         if stops and request.generates:
             self._stop_matchers[request.request_id] = StopStringMatcher(
@@ -95,15 +103,21 @@ class Engine:
         lookahead): schedule and launch step N+1 while step N may still run on the device, then
         apply step N's results; a request found finished then wastes its slot in step N+1, whose
         results for it are dropped."""
+        # a constrained row's mask needs its previous token accepted: no lookahead while one runs
+        pipelined = self.async_scheduling and not self.constrained.active
+        finished = []
+        if not pipelined and self._in_flight is not None:
+            finished, self._in_flight = self._land(*self._in_flight), None
         sched = self.scheduler.schedule()
         launched = (sched, self._launch(sched)) if sched.requests else None
-        if self.async_scheduling:
+        if pipelined:
             landing, self._in_flight = self._in_flight, launched
         else:
             landing = launched
         # failed and finished-early requests come with the schedule; a launched step reports them
         # when it lands
-        finished = self.scheduler.update(sched, _NOTHING_RUN) if launched is None else []
+        if launched is None:
+            finished += self.scheduler.update(sched, _NOTHING_RUN)
         if landing is not None:
             finished += self._land(*landing)
         if launched is None and landing is None and not finished and self.scheduler.has_unfinished():
@@ -114,6 +128,8 @@ class Engine:
 
     def _land(self, sched: SchedulerOutput, handle: Any) -> list[Request]:
         finished = self.scheduler.update(sched, handle.result())
+        if self.constrained.active:
+            self.constrained.advance(sched.requests, sched.samples, finished, self.scheduler.finish_request)
         if self._stop_matchers:
             self._check_stop_strings(sched, finished)
         return finished
@@ -139,6 +155,8 @@ class Engine:
             num_cached_tokens=req.num_cached_tokens,
             error=req.error,
         )
+        if req.grammar is not None:
+            self.constrained.release(req.request_id)
         if req.kind is RequestKind.SCORE_PARENT:
             if req.finish_reason == "scored":
                 out.continuation_logprobs = req.continuation_logprobs()
@@ -155,7 +173,8 @@ class Engine:
 
     def _decode(self, req: Request) -> str:
         end = len(req.token_ids)
-        if req.finish_reason == "stop":  # the stop token's own text is not part of the answer
+        # the stop token's own text is not part of the answer (a finished grammar ends without one)
+        if req.finish_reason == "stop" and req.token_ids[-1] in req.stop_token_set:
             end -= 1
         return decode_output(self.tokenizer, req.token_ids, req.num_prompt_tokens, end)
 

@@ -20,6 +20,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: bool = False  # return the log-probability of every generated token
+    # a grammar.ConstraintSpec the output must match (a token mask before sampling); None: free
+    constraint: object | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 0:

@@ -64,6 +64,7 @@ class Request:
     # stops (prompt + max_tokens, capped by the context); set by the scheduler at arrival.
     stop_token_set: frozenset[int] = frozenset()
     length_limit: int = 0
+    grammar: object | None = None  # a constrained request's grammar.GrammarMatcher (set by the engine)
 
     @property
     def num_computed_tokens(self) -> int:

@@ -18,6 +18,7 @@ from bulkrun.engine.config import EngineConfig
 from bulkrun.engine.cpu_env import keep_freed_memory
 from bulkrun.engine.decode_graphs import DecodeGraphs, graph_batch_sizes
 from bulkrun.engine.device import resolve_device
+from bulkrun.engine.grammar_step import GrammarMasks, StepMasks
 from bulkrun.engine.kv_cache import KVCache, default_cpu_kv_bytes, default_cuda_kv_bytes
 from bulkrun.engine.limits import EngineLimits, choose_limits
 from bulkrun.engine.runner_output import RunnerOutput
@@ -73,6 +74,7 @@ class ModelRunner:
         self.onednn = self.device.type == "cpu" and pack_linears_for_cpu(self.model)
         cfg = self.model.cfg
         self.vocab_size = cfg.vocab_size
+        self.grammar_masks = GrammarMasks(cfg.vocab_size)  # constrained rows' masks (grammar_step.py)
         self.max_model_len = min(cfg.max_model_len, config.max_model_len or cfg.max_model_len)
         self.eos_token_ids = set(cfg.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
@@ -124,9 +126,10 @@ class ModelRunner:
             at, prev = zip(*inputs.pending_inputs, strict=True)
             index = torch.tensor(at, device=self.device)
             inputs.input_ids[index] = self._prev_tokens[torch.tensor(prev, device=self.device)]
-        h = self._final_hidden(inputs)
         requests = inputs.sample_requests
-        tokens = self._sample(requests, h, inputs, result)
+        masks = self.grammar_masks.start(requests)  # filled on a side thread during the forward
+        h = self._final_hidden(inputs)
+        tokens = self._sample(requests, h, inputs, result, masks)
         ids = list(map(_request_id, requests))
         self._prev_tokens, self._prev_rows = tokens, dict(zip(ids, range(len(ids))))
         return StepHandle(result, tokens, ids)
@@ -139,9 +142,11 @@ class ModelRunner:
                 return h
         return self.model.final_hidden(inputs.input_ids, inputs.metadata, self.kv_cache.layers, inputs.logits_indices)
 
-    def _sample(self, requests: list, h: torch.Tensor, inputs: StepInputs, result: RunnerOutput) -> torch.Tensor:
+    def _sample(
+        self, requests: list, h: torch.Tensor, inputs: StepInputs, result: RunnerOutput, masks: StepMasks | None
+    ) -> torch.Tensor:
         """Tokens of the sample rows (h's first len(requests) rows), left on the device; fills
-        result's log-probabilities and scores."""
+        result's log-probabilities and scores. Constrained rows sample from masked logits."""
         n = len(requests)
         greedy = self._greedy_rows(requests)
         tokens = torch.empty(n, dtype=torch.long, device=h.device)
@@ -155,8 +160,13 @@ class ModelRunner:
                 logits = self.model.logits(_without_rows(h, greedy))  # every other row, in order
                 screened = set(greedy)
                 rest = [i for i in range(n) if i not in screened]
+            if masks is not None:
+                masks.screen(tokens, greedy, h, self.model)
+                masks.apply(logits, rest)
         else:
             logits = self.model.logits(h)
+            if masks is not None:
+                masks.apply(logits, range(n))
             if len(greedy) == n:  # argmax on the device: nothing waits for the host
                 tokens = logits[:n].argmax(dim=-1)
                 rest = []

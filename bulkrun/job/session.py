@@ -39,10 +39,12 @@ from bulkrun.io.manifest import (
 )
 from bulkrun.io.outdir import is_uri
 from bulkrun.io.readers import check_columns, count_rows, input_columns
+from bulkrun.job.constraints import check_task_takes_constraints, compile_job_constraint, job_constraint
 from bulkrun.job.resume import Committed, load_committed
 from bulkrun.job.spec import JobSpec, task_class
 from bulkrun.job.stats import RunStats
 from bulkrun.tasks.base import Task, TaskContext, template_fields
+from bulkrun.tasks.chat import MESSAGES
 
 SINGLE = "part"
 FINAL_FILES = (
@@ -133,6 +135,7 @@ def open_job(spec: JobSpec, *, lock: bool = True, writer: str = SINGLE) -> Itera
     """Check task, input and model, take OUT's lock, check or write the manifest (wiping OUT first
     on --restart when we hold the lock). Yields the session; releases the lock at the end."""
     task = build_task(spec)
+    check_task_takes_constraints(spec, task)
     input_path = Path(spec.input)
     fmt = detect_format(input_path)
     check_named_fields(spec, task, input_path, fmt)
@@ -155,10 +158,14 @@ def named_fields(spec: JobSpec, task: Task) -> dict[str, str]:
     named = {}
     if spec.prompt_template is not None:
         named.update({name: "--prompt-template" for name in template_fields(spec.prompt_template)})
+    elif spec.messages_field is not None:
+        named[spec.messages_field] = "--messages-field"
     elif task.uses_text_field:
         named[spec.text_field] = "--text-field"
     if spec.id_field is not None:
         named[spec.id_field] = "--id-field"
+    if spec.schema_field is not None:
+        named[spec.schema_field] = "--schema-field"
     named.update({name: "--keep-field" for name in spec.keep_fields})
     named.update(task.named_fields())
     return named
@@ -166,8 +173,32 @@ def named_fields(spec: JobSpec, task: Task) -> dict[str, str]:
 
 def check_named_fields(spec: JobSpec, task: Task, path: Path, fmt: str) -> None:
     """Every field an option names must be in the input (OpenAI batch lines have their own shape)."""
-    if fmt != OPENAI:
-        check_columns(path, fmt, named_fields(spec, task), spec.window)
+    if fmt == OPENAI:
+        return
+    named = named_fields(spec, task)
+    window = spec.window
+    text_named = named.get(spec.text_field) == "--text-field" and _takes_messages(task)
+    if text_named and not _has_field(path, fmt, spec.text_field, window):
+        if _has_field(path, fmt, MESSAGES, window):  # a chat dataset: its `messages` are the prompts
+            del named[spec.text_field]
+        else:
+            try:
+                check_columns(path, fmt, named, window)
+            except UsageError as exc:
+                raise UsageError(f"{exc}; nor is there a '{MESSAGES}' column of chat messages") from None
+    check_columns(path, fmt, named, window)
+
+
+def _has_field(path: Path, fmt: str, name: str, window: int) -> bool:
+    try:
+        check_columns(path, fmt, {name: ""}, window)
+    except UsageError:
+        return False
+    return True
+
+
+def _takes_messages(task: Task) -> bool:
+    return task.takes_constraints()  # the generating tasks: generate, summarize, eval generation suites
 
 
 def build_task(spec: JobSpec) -> Task:
@@ -242,6 +273,7 @@ def task_context(spec: JobSpec, engine) -> TaskContext:
     tokenizer = engine.tokenizer
     if spec.chat_template and not getattr(tokenizer, "chat_template", None):
         raise UsageError("the model has no chat template; pass --no-chat-template to use plain prompts")
+    constraint = job_constraint(spec)
     return TaskContext(
         tokenizer=tokenizer,
         max_model_len=engine.max_model_len,
@@ -249,6 +281,10 @@ def task_context(spec: JobSpec, engine) -> TaskContext:
         n=spec.n,
         text_field=spec.text_field,
         prompt_template=spec.prompt_template,
+        messages_field=spec.messages_field,
+        constraint=constraint,
+        schema_field=spec.schema_field,
+        compile=compile_job_constraint(spec, constraint, engine),
     )
 
 

@@ -50,6 +50,12 @@ class JobSpec:
     prompt_template: str | None = field(default=None, metadata=RESULT)
     system: str | None = field(default=None, metadata=RESULT)
     chat_template: bool = field(default=True, metadata=RESULT)
+    messages_field: str | None = field(default=None, metadata=RESULT)
+    # constrained generation (job/constraints.py, tasks/constraints.py)
+    json_schema: str | None = field(default=None, metadata=RESULT)
+    regex: str | None = field(default=None, metadata=RESULT)
+    choice: list[str] = field(default_factory=list, metadata=RESULT)
+    schema_field: str | None = field(default=None, metadata=RESULT)
     # sampling
     temperature: float = field(default=0.0, metadata=RESULT)
     top_k: int = field(default=0, metadata=RESULT)
@@ -122,6 +128,10 @@ class JobSpec:
         chosen = {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("result")}
         cosmetic = task.cosmetic_options
         chosen.update({k: v for k, v in sorted(self.task_options.items()) if k not in cosmetic})
+        if self.json_schema:  # the schema itself, not only its file name
+            from bulkrun.job.constraints import read_schema_file
+
+            chosen["json_schema"] = [self.json_schema, read_schema_file(self.json_schema)]
         return chosen
 
 
@@ -212,6 +222,9 @@ def validate(spec: JobSpec) -> None:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     spec.sampling()  # raises UsageError for invalid sampling values
+    from bulkrun.job.constraints import job_constraint
+
+    job_constraint(spec)  # a missing or malformed schema file, two constraints at once
 
 
 def _check_kernels_fit_device(spec: JobSpec) -> None:

@@ -42,6 +42,12 @@ class TaskContext:
     n: int = 1  # samples per row
     text_field: str = "text"  # --text-field
     prompt_template: str | None = None  # --prompt-template ({field} placeholders)
+    messages_field: str | None = None  # --messages-field (None: a `messages` column when there is no text)
+    # constrained generation (tasks/constraints.py): the job's grammar.ConstraintSpec, the column of
+    # per-row schemas, and the engine's compile (cached; raises GrammarError)
+    constraint: Any = None
+    schema_field: str | None = None
+    compile: Any = None
 
 
 class Task(ABC):
@@ -87,6 +93,10 @@ class Task(ABC):
     def named_fields(self) -> dict[str, str]:
         """Input fields this task's own options name (field -> the flag), checked before any work."""
         return {}
+
+    def takes_constraints(self) -> bool:
+        """Whether the task generates text that --json-schema / --regex / --choice can constrain."""
+        return False
 
     def summarize(self, results: list[dict]) -> dict | None:
         """End-of-job metrics over all result records (eval); None when the task has none."""

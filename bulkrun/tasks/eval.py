@@ -27,7 +27,9 @@ from bulkrun.tasks.base import (
     prompt_text,
     sample_seed,
 )
+from bulkrun.tasks.chat import row_messages
 from bulkrun.tasks.classify import ClassifyTask
+from bulkrun.tasks.constraints import has_json_column, output_columns, row_constraint
 from bulkrun.tasks.metrics import (
     answers_match,
     classification_metrics,
@@ -152,7 +154,13 @@ class EvalTask(Task):
         self.expected(item)  # a row without a usable answer fails before any engine work
         if self.classifier is not None:
             return self.classifier.render(item)
+        messages = row_messages(item.fields, self.ctx)
+        if messages is not None:
+            return messages
         return prompt_text(item.fields, self.ctx.prompt_template, self.ctx.text_field)
+
+    def takes_constraints(self) -> bool:
+        return self.classifier is None  # a generation suite (a label suite scores its labels)
 
     def expected(self, item: Item) -> str:
         value = item.fields.get(self.expected_field)
@@ -176,6 +184,7 @@ class EvalTask(Task):
             return self.classifier.requests(item, prompt_ids)
         # Seeded from the item id, never the batch position: a resumed run samples the same answer.
         params = replace(self.ctx.sampling, seed=sample_seed(self.ctx.sampling.seed, item.id, 0))
+        params = replace(params, constraint=row_constraint(self.ctx, item))
         return [EngineRequest("answer", prompt_ids, params)]
 
     def result(self, item: Item, outputs: list[RequestOutput]) -> dict:
@@ -190,6 +199,8 @@ class EvalTask(Task):
                 columns["raw_correct"] = columns["raw_label"] == expected
         else:
             columns = generation_columns(outputs[:1], 1)
+            spec = row_constraint(self.ctx, item)
+            columns |= output_columns(spec, outputs[:1], has_json_column(self.ctx, item), as_list=False)
             predicted = extract_answer(columns["text"], self.answer_regex)
             correct = answers_match(predicted, expected, self.normalized)
         return {"expected": expected, "predicted": predicted, "correct": correct, **columns}

@@ -16,6 +16,8 @@ from bulkrun.engine.outputs import RequestOutput
 from bulkrun.engine.params import EngineRequest, SamplingParams
 from bulkrun.io.openai_batch import CHAT_URL
 from bulkrun.tasks.base import Item, RawText, RowError, Task, generation_columns, prompt_text, sample_seed
+from bulkrun.tasks.chat import row_messages
+from bulkrun.tasks.constraints import has_json_column, is_openai_line, output_columns, row_constraint
 
 _BODY_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed")
 
@@ -25,12 +27,19 @@ class GenerateTask(Task):
 
     def render(self, item: Item) -> str | list[dict]:
         fields = item.fields
-        if "body" in fields and "custom_id" in fields:  # an OpenAI batch line
+        if is_openai_line(fields):
             return fields["messages"] if fields["url"] == CHAT_URL else RawText(fields["prompt"])
+        messages = row_messages(fields, self.ctx)
+        if messages is not None:
+            return messages
         return prompt_text(fields, self.ctx.prompt_template, self.ctx.text_field)
+
+    def takes_constraints(self) -> bool:
+        return True
 
     def requests(self, item: Item, prompt_ids: list[int]) -> list[EngineRequest]:
         params, n = self._params(item)
+        params = replace(params, constraint=row_constraint(self.ctx, item))
         requests = []
         for k in range(n):
             sample = replace(params, seed=sample_seed(params.seed, item.id, k))
@@ -38,8 +47,11 @@ class GenerateTask(Task):
         return requests
 
     def result(self, item: Item, outputs: list[RequestOutput]) -> dict:
-        openai = "body" in item.fields and "custom_id" in item.fields
+        openai = is_openai_line(item.fields)
         columns = generation_columns(outputs, self.ctx.n, as_lists=openai)
+        as_list = openai or self.ctx.n > 1
+        spec = row_constraint(self.ctx, item)
+        columns |= output_columns(spec, outputs, has_json_column(self.ctx, item), as_list)
         if openai:
             columns["endpoint"] = item.fields["url"]
         return columns

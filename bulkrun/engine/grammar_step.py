@@ -1,0 +1,83 @@
+"""The runner's side of constrained decoding: one step's token masks, filled on a side thread while
+the model's forward runs, applied to the constrained rows' logits before sampling.
+
+`GrammarMasks.start(requests)` is called before the forward: it hands the constrained sample rows'
+matchers to llguidance's batch filler (its own threads, GIL released) on a side thread and returns
+at once; None when no row is constrained, so free batches pay nothing. After the forward, `apply`
+masks the logits rows (greedy and sampled rows alike: the sampler then sees only allowed tokens),
+and `screen` checks the tokens the screened greedy head chose without logits: a constrained row
+keeps its token only if its grammar allows it, else it is taken again from its masked logits.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from bulkrun.engine.grammar import MaskFiller
+from bulkrun.engine.grammar_mask import apply_token_bitmask
+
+
+class GrammarMasks:
+    """Per runner: the mask filler, its side thread and a reused bitmask buffer."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self._words = (vocab_size + 31) // 32  # the grammar tokenizer is built for the same vocabulary
+        self._filler: MaskFiller | None = None
+        self._thread: ThreadPoolExecutor | None = None
+        self._buffer = np.zeros((0, 0), dtype=np.int32)
+
+    def start(self, requests: list) -> StepMasks | None:
+        rows = [i for i, r in enumerate(requests) if r.grammar is not None]
+        if not rows:
+            return None
+        if self._filler is None:
+            self._filler = MaskFiller()
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
+        matchers = [requests[i].grammar for i in rows]
+        bitmask = self._rows(len(rows))
+        future = self._thread.submit(self._filler.fill, matchers, bitmask)
+        return StepMasks(rows, matchers, bitmask, future)
+
+    def _rows(self, count: int) -> np.ndarray:
+        if self._buffer.shape[0] < count:
+            self._buffer = np.zeros((max(count, 2 * self._buffer.shape[0]), self._words), dtype=np.int32)
+        return self._buffer[:count]
+
+
+class StepMasks:
+    """One step's masks: row j of the bitmask belongs to sample row rows[j]."""
+
+    def __init__(self, rows: list[int], matchers: list, bitmask: np.ndarray, future: Future):
+        self.rows, self.matchers, self._bitmask, self._future = rows, matchers, bitmask, future
+        self._slot = {row: j for j, row in enumerate(rows)}
+
+    def _mask(self) -> np.ndarray:
+        self._future.result()  # the fill ran while the forward did
+        return self._bitmask
+
+    def apply(self, logits: torch.Tensor, logits_rows: list[int] | range) -> None:
+        """Mask `logits` in place; logits row k holds sample row logits_rows[k]."""
+        picked = [(k, self._slot[row]) for k, row in enumerate(logits_rows) if row in self._slot]
+        if not picked:
+            return
+        at, slots = zip(*picked, strict=True)
+        mask = torch.from_numpy(self._mask()[list(slots)])
+        apply_token_bitmask(logits, mask, list(at))
+
+    def screen(self, tokens: torch.Tensor, screened: list[int], h: torch.Tensor, model) -> None:
+        """`tokens[screened]` came from the screened greedy head (no logits, no mask): a constrained
+        row whose token its grammar refuses takes the argmax of its masked logits instead."""
+        check = [i for i in screened if i in self._slot]
+        if not check:
+            return
+        self._mask()  # the matchers are the filler's until it is done
+        chosen = tokens[check].tolist()
+        bad = [i for i, t in zip(check, chosen, strict=True) if not self.matchers[self._slot[i]].allows(t)]
+        if not bad:
+            return
+        logits = model.logits(h[bad]).float()
+        self.apply(logits, bad)
+        tokens[bad] = logits.argmax(dim=-1)
