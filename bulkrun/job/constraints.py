@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from bulkrun.engine.grammar import ConstraintSpec, GrammarError
-from bulkrun.errors import UsageError
+from bulkrun.exceptions import UsageError
 
 
 def _given(spec) -> list[str]:

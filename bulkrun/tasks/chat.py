@@ -9,7 +9,7 @@ A malformed conversation is that row's error record, naming what is wrong and wh
 
 from __future__ import annotations
 
-from bulkrun.errors import RowError
+from bulkrun.exceptions import RowError
 from bulkrun.tasks.base import TaskContext
 
 MESSAGES = "messages"

@@ -18,7 +18,7 @@ import json
 from bulkrun.engine.grammar import ConstraintSpec, GrammarError
 from bulkrun.engine.grammar_output import check_output
 from bulkrun.engine.outputs import RequestOutput
-from bulkrun.errors import RowError
+from bulkrun.exceptions import RowError
 from bulkrun.tasks.base import Item, TaskContext
 
 JSON_KINDS = ("json_schema", "json_object")

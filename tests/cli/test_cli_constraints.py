@@ -13,7 +13,7 @@ import time
 import pytest
 from helpers.rows import read_jsonl, write_jsonl
 
-from bulkrun.errors import EXIT_OK, EXIT_ROW_ERRORS, EXIT_USAGE
+from bulkrun.exceptions import EXIT_OK, EXIT_ROW_ERRORS, EXIT_USAGE
 
 ENGINE = ["--kv-cache-mem", "16MiB", "--quiet", "--no-chat-template"]
 CHOICES = "yes,no,maybe"
