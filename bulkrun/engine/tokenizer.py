@@ -48,6 +48,11 @@ class FastTokenizer:
             setattr(self, name, token)
             setattr(self, f"{name}_id", None if token is None else backend.token_to_id(token))
 
+    @property
+    def backend_tokenizer(self):
+        """The `tokenizers.Tokenizer` itself, under transformers' name (the grammar engine reads it)."""
+        return self._backend
+
     @classmethod
     def load(cls, model_dir: Path) -> FastTokenizer | None:
         """The tokenizer in model_dir, or None where only transformers can load it faithfully."""

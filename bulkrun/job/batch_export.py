@@ -47,7 +47,7 @@ def export_batch(spec: JobSpec, provider: str, provider_model: str, *, overwrite
     sampling = job_sampling(spec)
     with open_job(spec) as session:
         side = load_prompt_side(spec, session.model_path)
-        session.task.bind(task_context(spec, side))
+        session.task.bind(task_context(spec, side, compile_constraints=False))
         builder = PromptBuilder(
             session.task, side.tokenizer, chat_template=spec.chat_template, system=spec.system,
             max_model_len=side.max_model_len,
@@ -88,6 +88,9 @@ def export_batch(spec: JobSpec, provider: str, provider_model: str, *, overwrite
             "fingerprint": job_fingerprint(session.manifest),
             "keep_fields": list(spec.keep_fields),
             "openai_input": openai_input,
+            # what import needs to check outputs and fill the `json` column as a local run does
+            "json_schema": _job_schema(spec),
+            "schema_field": spec.schema_field,
         }
         write_json_atomic(directory / JOB_FILE, job)
     return {
@@ -139,6 +142,11 @@ def response_format(spec: JobSpec) -> ResponseFormat | None:
     if isinstance(schema, str):
         schema = _load_schema(schema)
     return ResponseFormat("json_schema", schema)
+
+
+def _job_schema(spec: JobSpec) -> dict | None:
+    fmt = response_format(spec)
+    return None if fmt is None else fmt.schema
 
 
 def _constraint(spec: JobSpec, name: str):

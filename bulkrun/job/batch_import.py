@@ -19,7 +19,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bulkrun.exceptions import InputError, JobChanged
+from bulkrun.exceptions import InputError, JobChanged, RowError
 from bulkrun.io.atomic import write_json_atomic
 from bulkrun.io.lock import JobLock, lock_name
 from bulkrun.io.manifest import job_fingerprint, read_manifest
@@ -27,9 +27,11 @@ from bulkrun.io.provider_batch import BatchError, RowAssembler, load_export, rea
 from bulkrun.io.readers import read_rows
 from bulkrun.io.shards import ERRORS_DIR, RESULTS_DIR, ShardWriter
 from bulkrun.job.batch_export import BATCH_DIR, read_job_file
+from bulkrun.job.feed import error_record
 from bulkrun.job.loop import keep_input_fields
 from bulkrun.job.resume import RowSet, load_committed
 from bulkrun.job.session import SINGLE
+from bulkrun.tasks.constraints import imported_output_columns
 
 IMPORTS_FILE = "imports.json"
 COMMIT_EVERY = 1000
@@ -89,10 +91,16 @@ def _commit(out: Path, paths, id_map, n: int, job: dict, extras: dict[int, dict]
             added["errors"] += 1
         elif got is not None:
             fields = extras.get(got["row"], {})
-            if job.get("openai_input"):
-                got["endpoint"] = fields.get("url")
-            results.add(keep_input_fields(got, fields, keep))
-            added["results"] += 1
+            try:  # the same output checks and `json` column as a local run
+                got.update(imported_output_columns(got, fields, job))
+            except RowError as exc:
+                errors.add(error_record(got["row"], got["id"], exc))
+                added["errors"] += 1
+            else:
+                if job.get("openai_input"):
+                    got["endpoint"] = fields.get("url")
+                results.add(keep_input_fields(got, fields, keep))
+                added["results"] += 1
         if len(results) + len(errors) >= COMMIT_EVERY:
             results.commit()
             errors.commit()
@@ -109,9 +117,10 @@ def _commit(out: Path, paths, id_map, n: int, job: dict, extras: dict[int, dict]
 
 def _input_extras(manifest: dict, job: dict, rows: RowSet) -> dict[int, dict]:
     """The input fields a local run's records copy (kept fields, an OpenAI row's url), for `rows`."""
-    if not job.get("keep_fields") and not job.get("openai_input"):
+    wanted = list(job.get("keep_fields") or []) + (["url", "body"] if job.get("openai_input") else [])
+    wanted += [job["schema_field"]] if job.get("schema_field") else []
+    if not wanted:
         return {}
-    wanted = list(job.get("keep_fields") or []) + (["url"] if job.get("openai_input") else [])
     extras = {}
     for index, fields in read_rows(Path(manifest["input"]["path"]), manifest["input"]["format"]):
         if index in rows and isinstance(fields, dict):

@@ -269,7 +269,9 @@ def load_prompt_side(spec: JobSpec, model_path: Path) -> PromptSide:
     return PromptSide(tokenizer, min(max_len, spec.max_model_len or max_len))
 
 
-def task_context(spec: JobSpec, engine) -> TaskContext:
+def task_context(spec: JobSpec, engine, compile_constraints: bool = True) -> TaskContext:
+    """`compile_constraints=False` where another system enforces them (a provider's batch tier:
+    export-batch sends the schema, import-batch checks each output)."""
     tokenizer = engine.tokenizer
     if spec.chat_template and not getattr(tokenizer, "chat_template", None):
         raise UsageError("the model has no chat template; pass --no-chat-template to use plain prompts")
@@ -284,7 +286,7 @@ def task_context(spec: JobSpec, engine) -> TaskContext:
         messages_field=spec.messages_field,
         constraint=constraint,
         schema_field=spec.schema_field,
-        compile=compile_job_constraint(spec, constraint, engine),
+        compile=compile_job_constraint(spec, constraint, engine) if compile_constraints else None,
     )
 
 

@@ -97,3 +97,37 @@ def output_columns(
     if not with_json:
         return {}
     return {"json": values if as_list else values[0]}
+
+
+def imported_output_columns(record: dict, fields: dict, job: dict) -> dict:
+    """The `json` column of a record that came back from a provider's batch tier, after the same
+    check a local run makes (RowError `invalid_output` when it fails). `fields`: the row's input
+    fields that decide its constraint (an OpenAI line's body, the schema field); `job`: what the
+    export recorded (json_schema, schema_field, openai_input)."""
+    spec: ConstraintSpec | None = None
+    try:
+        if job.get("openai_input") and isinstance(fields.get("body"), dict):
+            spec = openai_constraint(fields["body"])
+        elif job.get("schema_field") and fields.get(job["schema_field"]) is not None:
+            spec = ConstraintSpec.json_schema(fields[job["schema_field"]])
+        elif job.get("json_schema") is not None:
+            spec = ConstraintSpec.json_schema(job["json_schema"])
+    except GrammarError as exc:
+        raise RowError("invalid_schema", str(exc)) from None
+    with_json = bool(job.get("openai_input") or job.get("schema_field") or job.get("json_schema") is not None)
+    texts, reasons = record["text"], record["finish_reason"]
+    as_list = isinstance(texts, list)
+    outputs = [
+        _Landed(text, reason)
+        for text, reason in zip(texts if as_list else [texts], reasons if as_list else [reasons], strict=True)
+    ]
+    return output_columns(spec, outputs, with_json, as_list)
+
+
+class _Landed:
+    """The two fields of a RequestOutput that output_columns reads."""
+
+    __slots__ = ("text", "finish_reason")
+
+    def __init__(self, text: str, finish_reason: str):
+        self.text, self.finish_reason = text, finish_reason

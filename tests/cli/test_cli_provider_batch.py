@@ -168,3 +168,28 @@ def test_openai_batch_input_keeps_its_rows_sampling_and_a_local_runs_columns(bul
         (f"q{i}", ["ok"], "/v1/chat/completions") for i in range(3)
     ]
     assert len(read_jsonl(tmp_path / "out" / "output.jsonl")) == 3
+
+
+def test_a_json_schema_job_imports_with_its_json_column_and_invalid_outputs_as_errors(bulkrun, tmp_path, job):
+    """The provider enforces the schema it was sent, but import checks every output as a local run
+    does: a valid one gets its parsed `json` column, one that does not validate is an error record."""
+    source, flags = job
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}))
+    out = tmp_path / "out"
+    code, _, err = bulkrun(
+        "export-batch", source, *flags, "--json-schema", schema, "--out", out,
+        "--provider", "openai", "--provider-model", "m-1",
+    )  # fmt: skip
+    assert code == 0, err
+    sent = [obj for path in sorted((out / "batch").glob("openai-*.jsonl")) for obj in lines(path)]
+    assert sent and all(obj["body"]["response_format"]["type"] == "json_schema" for obj in sent)
+    good, bad = sent[0]["custom_id"], sent[1]["custom_id"]
+    answers = [openai_ok(o["custom_id"], ['{"n": 1}']) for o in sent if o["custom_id"] != bad]
+    answers.append(openai_ok(bad, ['{"n": "one"}']))
+    code, _, err = bulkrun("import-batch", out, write_lines(tmp_path / "r.jsonl", answers))
+    assert code == EXIT_ROW_ERRORS, err
+    by_id = {r["id"]: r for r in read_jsonl(out / "results.jsonl")}
+    assert json.loads(by_id[good]["json"]) == {"n": 1}
+    invalid = [e for e in read_jsonl(out / "errors.jsonl") if e["kind"] == "invalid_output"]
+    assert [e["id"] for e in invalid] == [bad] and '"one"' in invalid[0]["message"]
