@@ -18,7 +18,7 @@ from bulkrun.engine import scoring
 from bulkrun.engine.block_pool import BlockPool
 from bulkrun.engine.kv_cache_manager import KVCacheManager
 from bulkrun.engine.params import EngineRequest
-from bulkrun.engine.request import Request, RequestKind, RequestStatus, validate_engine_request
+from bulkrun.engine.request import Request, RequestStatus, validate_engine_request
 from bulkrun.engine.runner_output import RunnerOutput
 from bulkrun.engine.running_batch import RunningBatch
 from bulkrun.engine.scoring import ScoringEvent
