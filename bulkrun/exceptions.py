@@ -25,7 +25,6 @@ Bad rows are never exceptions that stop a job: they raise RowError and become er
 
 from __future__ import annotations
 
-
 EXIT_OK = 0
 EXIT_FATAL = 1
 EXIT_USAGE = 2

@@ -15,7 +15,7 @@ import sys
 import click
 
 from bulkrun.cli.app import app
-from bulkrun.exceptions import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_USAGE, BulkrunError
+from bulkrun.exceptions import EXIT_FATAL, EXIT_INTERRUPTED, BulkrunError
 
 _COMMAND_MODULES = ("jobs", "classify", "eval", "outdir", "plan", "provider_batch")
 

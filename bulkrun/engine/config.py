@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 from bulkrun_kernels import check_backend_name
 
-
 # Budgets when neither the user nor the device chooses (the CPU): small steps keep the matmuls in cache.
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 1024

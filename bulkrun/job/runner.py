@@ -20,8 +20,8 @@ from bulkrun.io.manifest import job_fingerprint
 from bulkrun.io.readers import read_rows
 from bulkrun.io.shards import ERRORS_DIR, RESULTS_DIR, ShardWriter
 from bulkrun.job.calibrate import calibrate_task
-from bulkrun.job.loop import Checkpointer, JobLoop, ProgressBar
 from bulkrun.job.feed import Feed, IdRegistry, PromptBuilder
+from bulkrun.job.loop import Checkpointer, JobLoop, ProgressBar
 from bulkrun.job.resume import load_committed
 from bulkrun.job.session import SINGLE, JobSession, load_engine, open_job, task_context
 from bulkrun.job.slices import Partition, mark_slice_done, parse_shard

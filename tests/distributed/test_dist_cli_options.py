@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 import click
+import pytest
 
 from bulkrun.cli import main
 from bulkrun.cli.options import DIST_OPTIONS, options

@@ -5,13 +5,13 @@ synchronous and asynchronous scheduling agree; a constraint that cannot compile 
 from __future__ import annotations
 
 import pytest
+from helpers.constraints import PROMPTS, specs
 
 from bulkrun.engine.config import EngineConfig
 from bulkrun.engine.engine import Engine
 from bulkrun.engine.grammar import ConstraintSpec
 from bulkrun.engine.grammar_output import check_output
 from bulkrun.engine.params import EngineRequest, SamplingParams
-from helpers.constraints import PROMPTS, specs
 
 pytestmark = pytest.mark.slow
 FREE_PROMPTS = ["Tell me a joke about cats.", "What is the capital of France?", "Write a haiku about rain."]

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 import torch
-from test_llama_vs_transformers import PagedRun
 from helpers.models import VOCAB, build_tiny_model
+from test_llama_vs_transformers import PagedRun
 
 from bulkrun.model.loader import load_model
 
