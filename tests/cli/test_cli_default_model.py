@@ -33,11 +33,11 @@ def test_generate_stores_exactly_what_the_engine_generates(bulkrun, tmp_path, de
 
     rows = [{"id": f"q{i}", "text": q} for i, q in enumerate(QUESTIONS)]
     path = write_jsonl(tmp_path / "in.jsonl", rows)
-    code, _, _ = bulkrun("generate", path, "--out", tmp_path / "out", "--id-field", "id", "--max-tokens", "12",
+    code, _, _ = bulkrun("generate", path, "--out", tmp_path / "out", "--id-field", "id", "--max-tokens", "12", "--dtype", "float32",
                          *ENGINE)  # fmt: skip
     assert code == EXIT_OK
     results = read_jsonl(tmp_path / "out" / "results.jsonl")
-    engine = Engine.from_model(str(default_model), EngineConfig(kv_cache_bytes=256 << 20))
+    engine = Engine.from_model(str(default_model), EngineConfig(kv_cache_bytes=256 << 20, dtype="float32"))
     tok = engine.tokenizer
     prompts = [
         list(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,

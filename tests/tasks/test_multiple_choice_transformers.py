@@ -25,7 +25,7 @@ def hf_model(default_model_dir):
 
 @pytest.fixture(scope="module")
 def engine(default_model_dir):
-    return Engine.from_model(str(default_model_dir), EngineConfig(kv_cache_bytes=32 << 20))
+    return Engine.from_model(str(default_model_dir), EngineConfig(kv_cache_bytes=32 << 20, dtype="float32"))
 
 
 def test_engine_scores_equal_lm_eval_recipe_with_transformers(engine, tokenizer, hf_model):
