@@ -22,10 +22,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests" / "model"), str(ROOT / "tests" / "engine")]
-import tiny_models  # noqa: E402
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "engine")]
 from engine_fakes import SimulatedDeviceRunner  # noqa: E402
-from transformers import LlamaConfig  # noqa: E402
+from helpers.models import build_tiny_model  # noqa: E402
 
 from bulkrun.engine.config import EngineConfig  # noqa: E402
 from bulkrun.engine.engine import Engine  # noqa: E402
@@ -33,9 +32,7 @@ from bulkrun.engine.params import EngineRequest, SamplingParams  # noqa: E402
 
 
 def one_layer_model(folder: Path) -> None:
-    common = dict(tiny_models._COMMON, num_hidden_layers=1, max_position_embeddings=4096)
-    tiny_models.KINDS["one_layer"] = lambda: LlamaConfig(**common, tie_word_embeddings=True)
-    tiny_models.build_tiny_model("one_layer", folder)
+    build_tiny_model("llama", folder, num_hidden_layers=1, max_position_embeddings=4096)
 
 
 class ModelClock:

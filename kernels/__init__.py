@@ -34,11 +34,16 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def check_backend_name(backend: str) -> None:
+    """The one check of a kernel backend's name (EngineConfig, hence the job spec and --kernels, call it)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown kernel backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+
+
 def resolve_backend(backend: str, device=None) -> str:
     """'auto' -> 'triton' on CUDA when triton is installed; on the CPU 'cpu' when the native kernels
     build and load here, else 'reference'."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown kernel backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    check_backend_name(backend)
     if backend != "auto":
         return backend
     if device is not None and str(device).startswith("cuda"):
@@ -106,4 +111,4 @@ def _triton_ops(device) -> KernelOps:
     )
 
 
-__all__ = ["BACKENDS", "KernelOps", "get_ops", "resolve_backend", "triton_available"]
+__all__ = ["BACKENDS", "KernelOps", "check_backend_name", "get_ops", "resolve_backend", "triton_available"]

@@ -1,8 +1,9 @@
 """The `bulkrun` command line. The CLI only parses, builds a JobSpec and calls the library; library
 errors become one clean line and an exit code here, at the edge (codes: see bulkrun/errors.py).
 
-Command modules register on `bulkrun.cli.app.app`; job commands take the shared options with
-`bulkrun.cli.options.with_options(JOB_OPTIONS)` and call `bulkrun.cli.execute.run_task_command`.
+Command modules register on the click group `bulkrun.cli.app.app`; job commands take the shared
+options with `bulkrun.cli.options.options(JOB_OPTIONS, ...)` and call
+`bulkrun.cli.execute.run_task_command`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import importlib
 import signal
 import sys
 
-import typer
+import click
 
 from bulkrun.cli.app import app
 from bulkrun.errors import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_USAGE, BulkrunError
@@ -36,21 +37,18 @@ def _terminate(signum, frame):  # SIGTERM behaves like Ctrl-C: commit what is fi
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bulkrun.distributed.options import fix_bare_ray_flag
-
-    args = fix_bare_ray_flag(list(sys.argv[1:] if argv is None else argv))
+    args = list(sys.argv[1:] if argv is None else argv)
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        code = app(args=args, prog_name="bulkrun", standalone_mode=False)
-        if code == EXIT_INTERRUPTED:  # typer turned Ctrl-C / SIGTERM into this exit code
-            code = _interrupted()
-    except typer.Exit as exc:
+        # standalone_mode=False: click returns the command's exit code and raises the rest here
+        code = app.main(args=args, prog_name="bulkrun", standalone_mode=False)
+    except click.exceptions.Exit as exc:
         code = exc.exit_code
-    except (typer.Abort, KeyboardInterrupt):
+    except (click.Abort, KeyboardInterrupt):  # click turns Ctrl-C / SIGTERM into Abort
         code = _interrupted()
-    except typer.TyperException as exc:  # typer's (vendored click) usage errors: show them as click does
+    except click.ClickException as exc:  # usage errors: shown as click shows them
         exc.show()
-        code = getattr(exc, "exit_code", EXIT_USAGE)
+        code = exc.exit_code
     except BulkrunError as exc:
         print(f"bulkrun: error: {exc}", file=sys.stderr)
         code = exc.exit_code

@@ -4,65 +4,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import typer
-
-from bulkrun.cli.app import app
+from bulkrun.cli.app import INPUT, app
 from bulkrun.cli.execute import run_task_command
-from bulkrun.cli.jobs import INPUT
-from bulkrun.cli.options import JOB_OPTIONS, with_options
+from bulkrun.cli.options import JOB_OPTIONS, opt, options
 
-LABELS = typer.Option(
-    None,
-    "--labels",
-    "-l",
-    help="Labels: a comma list (billing,bug,feature) or a file with one label per line, "
-    "optionally 'label: description'.",
-    show_default=False,
-)
-LABELS_FILE = typer.Option(
-    None,
-    "--labels-file",
-    help="File with one label per line ('label: description' allowed).",
-    show_default=False,
-)
-INSTRUCTION = typer.Option(
-    None, "--instruction", help="First line of the instruction placed before every item.", show_default=False
-)
-NORMALIZE = typer.Option(
-    None,
-    "--normalize",
-    help="A label's score: sum of its token log-probabilities (sum, default) or their mean (mean).",
-    show_default=False,
-)
-ANSWER_PREFIX = typer.Option(
-    None,
-    "--answer-prefix",
-    help="Text that begins the answer before the label is scored (default 'Label:'; '' for none).",
-    show_default=False,
-)
-
-
-def classify_options(labels, labels_file, instruction, normalize, answer_prefix) -> dict:
-    return {
-        "labels": labels,
-        "labels_file": None if labels_file is None else str(labels_file),
-        "instruction": instruction,
-        "normalize": normalize,
-        "answer_prefix": answer_prefix,
-    }
+LABEL_OPTIONS = [
+    opt("labels", str, "--labels", "-l", help="Labels: a comma list (billing,bug,feature) or a file with one label per line, optionally 'label: description'."),
+    opt("labels_file", str, "--labels-file", help="File with one label per line ('label: description' allowed)."),
+    opt("instruction", str, "--instruction", help="First line of the instruction placed before every item."),
+    opt("normalize", str, "--normalize", help="A label's score: sum of its token log-probabilities (sum, default) or their mean (mean)."),
+    opt("answer_prefix", str, "--answer-prefix", help="Text that begins the answer before the label is scored (default 'Label:'; '' for none)."),
+]  # fmt: skip
 
 
 @app.command()
-@with_options(JOB_OPTIONS)
-def classify(
-    input: Path = INPUT,
-    labels: str = LABELS,
-    labels_file: Path = LABELS_FILE,
-    instruction: str = INSTRUCTION,
-    normalize: str = NORMALIZE,
-    answer_prefix: str = ANSWER_PREFIX,
-    opts: dict = None,
-) -> int:
+@INPUT
+@options(JOB_OPTIONS, LABEL_OPTIONS)
+def classify(input: Path, opts: dict) -> int:
     """Classify every row: each label is scored under the row's prompt (no text is generated).
 
     Output per row: label, probability (a softmax over the label scores), label_probs and
@@ -70,5 +28,4 @@ def classify(
     every prompt, so the prefix cache computes it once. Example:
     bulkrun classify tickets.parquet --labels billing,bug,feature --out runs/tickets
     """
-    options = classify_options(labels, labels_file, instruction, normalize, answer_prefix)
-    return run_task_command("classify", input, opts, options)
+    return run_task_command("classify", input, opts)

@@ -4,44 +4,27 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import typer
-
-from bulkrun.cli.app import app
-from bulkrun.cli.classify import ANSWER_PREFIX, INSTRUCTION, LABELS, LABELS_FILE, NORMALIZE, classify_options
+from bulkrun.cli.app import INPUT, app
+from bulkrun.cli.classify import LABEL_OPTIONS
 from bulkrun.cli.execute import run_task_command
-from bulkrun.cli.jobs import INPUT
-from bulkrun.cli.options import JOB_OPTIONS, with_options
+from bulkrun.cli.options import JOB_OPTIONS, opt, options
 
-
-def _opt(*decls: str, help: str):
-    return typer.Option(None, *decls, help=help, show_default=False)
+EVAL_OPTIONS = [
+    opt("expected_field", str, "--expected-field", help="Field with the expected answer (default: label with --labels, else answer)."),
+    opt("answer_regex", str, "--answer-regex", help="Generation suites: the answer is this regex's first group (or whole match)."),
+    opt("match", str, "--match", help="Generation suites: exact (default) or normalized (whitespace, case)."),
+]  # fmt: skip
+SWEEP_OPTIONS = [
+    opt("sweep_model", list[str], "--sweep-model", help="Sweep: a model per run (repeatable, or a,b)."),
+    opt("sweep_template", list[str], "--sweep-template", help="Sweep: a prompt template per run (repeatable; @file reads a file)."),
+    opt("sweep_temperature", list[str], "--sweep-temperature", help="Sweep: a temperature per run (repeatable, or 0,0.7)."),
+]  # fmt: skip
 
 
 @app.command(name="eval")
-@with_options(JOB_OPTIONS)
-def eval_(
-    input: Path = INPUT,
-    expected_field: str = _opt(
-        "--expected-field", help="Field with the expected answer (default: label with --labels, else answer)."
-    ),
-    answer_regex: str = _opt(
-        "--answer-regex", help="Generation suites: the answer is this regex's first group (or whole match)."
-    ),
-    match: str = _opt("--match", help="Generation suites: exact (default) or normalized (whitespace, case)."),
-    labels: str = LABELS,
-    labels_file: Path = LABELS_FILE,
-    instruction: str = INSTRUCTION,
-    normalize: str = NORMALIZE,
-    answer_prefix: str = ANSWER_PREFIX,
-    sweep_model: list[str] = _opt("--sweep-model", help="Sweep: a model per run (repeatable, or a,b)."),
-    sweep_template: list[str] = _opt(
-        "--sweep-template", help="Sweep: a prompt template per run (repeatable; @file reads a file)."
-    ),
-    sweep_temperature: list[str] = _opt(
-        "--sweep-temperature", help="Sweep: a temperature per run (repeatable, or 0,0.7)."
-    ),
-    opts: dict = None,
-) -> int:
+@INPUT
+@options(JOB_OPTIONS, EVAL_OPTIONS, LABEL_OPTIONS, SWEEP_OPTIONS)
+def eval_(input: Path, opts: dict) -> int:
     """Evaluate a suite whose rows carry expected answers; metrics to OUT/metrics.json.
 
     Per-row correctness goes into the results; accuracy (and for --labels suites per-label
@@ -52,17 +35,7 @@ def eval_(
     Sweep options run one job per combination into OUT/runs/<name>/ and compare them in
     OUT/sweep.md and OUT/sweep.json.
     """
-    options = classify_options(labels, labels_file, instruction, normalize, answer_prefix)
-    options.update(expected_field=expected_field, answer_regex=answer_regex, match=match)
-    options.update(
-        sweep_model=_split(sweep_model), sweep_template=sweep_template or None,
-        sweep_temperature=_split(sweep_temperature),
-    )  # fmt: skip
-    return run_task_command("eval", input, opts, options)
-
-
-def _split(values: list[str] | None) -> list[str] | None:
-    """Repeatable values, each of which may also be a comma list."""
-    if not values:
-        return None
-    return [part.strip() for value in values for part in value.split(",")]
+    for key in ("sweep_model", "sweep_temperature"):  # repeatable, and each may be a comma list
+        if key in opts:
+            opts[key] = [part.strip() for value in opts[key] for part in value.split(",")]
+    return run_task_command("eval", input, opts)

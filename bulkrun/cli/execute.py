@@ -15,7 +15,7 @@ def run_task_command(
     task: str, input: Path | str | None, opts: dict, task_options: dict | None = None
 ) -> int:
     """What a job command does: its task, its input argument, the shared options given on the
-    command line (`opts` from with_options) and the task's own options (None = not given)."""
+    command line (`opts` from options()) and the task's own options (None = not given)."""
     values = {"task": task, "input": None if input is None else str(input), **opts, **(task_options or {})}
     return execute(build_spec([("the command line", values)]))
 

@@ -6,27 +6,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import typer
+import click
 
 from bulkrun.cli.jobs import parse_sets
+from bulkrun.cli.options import opt
 from bulkrun.job.spec import JobSpec, build_spec, spec_from_file
 
-SOURCE = typer.Argument(
-    ...,
-    help="Input file (.jsonl, .parquet, .csv, OpenAI batch .jsonl) or a job spec (.toml).",
-    show_default=False,
-)
-TASK = typer.Option(None, "--task", help="The job's task when SOURCE is an input file (default: generate).")
-SETS = typer.Option(
-    None, "--set", help="Any other spec key, e.g. a task option: --set labels=[...] (repeatable)."
-)
+SOURCE = click.argument("source", type=click.Path(path_type=Path), metavar="INPUT|SPEC")
+SOURCE_OPTIONS = [
+    opt("task", str, "--task", help="The job's task when SOURCE is an input file (default: generate)."),
+    opt("set", list[str], "--set", help="Any other spec key, e.g. a task option: --set labels=[...] (repeatable)."),
+]  # fmt: skip
 
 
-def job_spec(source: Path, task: str | None, sets: list[str] | None, opts: dict) -> JobSpec:
+def job_spec(source: Path, opts: dict) -> JobSpec:
     """The JobSpec of `source` with the command line's values on top, exactly as the job would get it."""
-    values = dict(opts) | parse_sets(sets or [])
-    if task is not None:
-        values["task"] = task
+    values = dict(opts)
+    values.update(parse_sets(values.pop("set", None) or []))
     if Path(source).suffix == ".toml":
         return spec_from_file(Path(source), values)
     return build_spec([("the command line", {"task": "generate", "input": str(source), **values})])

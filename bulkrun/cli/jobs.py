@@ -4,22 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import typer
+import click
 
-from bulkrun.cli.app import app
+from bulkrun.cli.app import INPUT, app
 from bulkrun.cli.execute import execute, run_task_command
-from bulkrun.cli.options import JOB_OPTIONS, with_options
+from bulkrun.cli.options import JOB_OPTIONS, opt, options
 from bulkrun.errors import UsageError
 from bulkrun.job.spec import normalize_key, spec_from_file
 
-INPUT = typer.Argument(
-    ..., help="Input file: .jsonl, .parquet, .csv, or an OpenAI batch .jsonl.", show_default=False
-)
-
 
 @app.command()
-@with_options(JOB_OPTIONS)
-def generate(input: Path = INPUT, opts: dict = None) -> int:
+@INPUT
+@options(JOB_OPTIONS)
+def generate(input: Path, opts: dict) -> int:
     """Generate text for every row (use --n for several samples per row: synthetic data).
 
     The prompt is the row's --text-field, or --prompt-template filled from its fields. OpenAI batch
@@ -28,37 +25,34 @@ def generate(input: Path = INPUT, opts: dict = None) -> int:
     return run_task_command("generate", input, opts)
 
 
+SUMMARIZE_OPTIONS = [
+    opt("instruction", str, "--instruction", help="Instruction placed before each text."),
+]
+RUN_SPEC_OPTIONS = [
+    opt("input", str, "--input", "-i", help="Input file (overrides the spec's)."),
+    opt("set", list[str], "--set", help="Override any spec key: --set key=value (repeatable)."),
+]
+
+
 @app.command()
-@with_options(JOB_OPTIONS)
-def summarize(
-    input: Path = INPUT,
-    instruction: str = typer.Option(None, "--instruction", help="Instruction placed before each text."),
-    opts: dict = None,
-) -> int:
+@INPUT
+@options(JOB_OPTIONS, SUMMARIZE_OPTIONS)
+def summarize(input: Path, opts: dict) -> int:
     """Summarize the text of every row (default max tokens 160)."""
-    return run_task_command("summarize", input, opts, {"instruction": instruction})
+    return run_task_command("summarize", input, opts)
 
 
 @app.command()
-@with_options(JOB_OPTIONS)
-def run(
-    spec: Path = typer.Argument(
-        ..., help="Job spec (TOML): task, input, and any option.", show_default=False
-    ),
-    input: str = typer.Option(None, "--input", "-i", help="Input file (overrides the spec's)."),
-    set_: list[str] = typer.Option(
-        None, "--set", help="Override any spec key: --set key=value (repeatable)."
-    ),
-    opts: dict = None,
-) -> int:
-    """Run a job spec, e.g. `bulkrun run jobs/classify-tickets.toml` (what a cron line calls).
+@click.argument("spec", type=click.Path(path_type=Path), metavar="SPEC")
+@options(RUN_SPEC_OPTIONS, JOB_OPTIONS)
+def run(spec: Path, opts: dict) -> int:
+    """Run a job spec (TOML: task, input, and any option), e.g. `bulkrun run
+    jobs/classify-tickets.toml` (what a cron line calls).
 
     Flags given here override the spec's values; a rerun resumes where the last run stopped.
     """
     overrides = dict(opts)
-    if input is not None:
-        overrides["input"] = input
-    overrides.update(parse_sets(set_ or []))
+    overrides.update(parse_sets(overrides.pop("set", [])))
     return execute(spec_from_file(spec, overrides))
 
 

@@ -1,55 +1,53 @@
-"""Option bundles shared by the job commands, and the decorator that adds them to a command.
+"""Option bundles shared by the job commands, as plain click decorator stacks.
 
+A bundle is a list of `opt(...)` lines, one per option: its spec key, its kind, its flags, its help.
 Every option defaults to None ("not given"), so a flag overrides a job spec only when it is actually
-on the command line. The decorated command receives the given ones as `opts: dict` keyed by spec key:
+on the command line. `options(*bundles)` stacks the bundles' click options on a command, which
+receives the given ones as `opts: dict` keyed by spec key:
 
     @app.command()
-    @with_options(JOB_OPTIONS)
-    def generate(input: Path, opts: dict): ...
+    @click.argument("input", ...)
+    @options(JOB_OPTIONS)
+    def generate(input, opts): ...
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-import typer
+import click
 
-from bulkrun.distributed.options import RayOpt, ShardOpt, WorkersOpt
+from bulkrun.distributed.options import RAY_DEFAULT, check_ray_address
 
 
 @dataclass(frozen=True)
 class Opt:
-    key: str  # the spec key (and python parameter name)
-    annotation: Any  # a typer Annotated type, or a plain type with `info` as default
-    info: Any = None
+    key: str  # the spec key (and the click parameter name)
+    decorator: Callable  # the click.option(...) that declares it
 
 
-def opt(key: str, kind: Any, *decls: str, help: str, **kw) -> Opt:
-    return Opt(key, kind | None, typer.Option(None, *decls, help=help, show_default=False, **kw))
+def opt(key: str, kind, *decls: str, help: str, **kw) -> Opt:
+    """One shared option. kind: str, int, float, bool (a flag, or an --x/--no-x pair), list[str]
+    (repeatable), or a click type."""
+    if kind is bool:
+        kw.setdefault("is_flag", True)
+    elif kind == list[str]:
+        kind, kw["multiple"] = str, True
+    return Opt(key, click.option(*decls, key, type=kind, default=None, help=help, show_default=False, **kw))
 
 
 INPUT_OPTIONS = [
-    opt(
-        "out", str, "--out", "-o", help="Output directory (default: runs/<task>-<input name>).", metavar="DIR"
-    ),
+    opt("out", str, "--out", "-o", help="Output directory (default: runs/<task>-<input name>).", metavar="DIR"),
     opt("model", str, "--model", "-m", help="Default alias, local HF model directory, or .gguf file."),
     opt("id_field", str, "--id-field", help="Field holding each row's id (default: the row number)."),
     opt("text_field", str, "--text-field", help="Field holding the text (default: text)."),
     opt("prompt_template", str, "--prompt-template", help="Prompt with {field} placeholders filled per row."),
     opt("system", str, "--system", help="System message added to every chat prompt."),
-    opt(
-        "chat_template",
-        bool,
-        "--chat-template/--no-chat-template",
-        help="Apply the model's chat template (default: on).",
-    ),  # fmt: skip
-    opt(
-        "keep_fields", list[str], "--keep-field", help="Copy this input field into the results (repeatable)."
-    ),
-]
+    opt("chat_template", bool, "--chat-template/--no-chat-template", help="Apply the model's chat template (default: on)."),
+    opt("keep_fields", list[str], "--keep-field", help="Copy this input field into the results (repeatable)."),
+]  # fmt: skip
 SAMPLING_OPTIONS = [
     opt("temperature", float, "--temperature", "-t", help="0 = greedy (default 0)."),
     opt("top_k", int, "--top-k", help="Sample from the k most likely tokens (0 = off)."),
@@ -60,68 +58,50 @@ SAMPLING_OPTIONS = [
     opt("stop", list[str], "--stop", help="Stop string (repeatable)."),
     opt("n", int, "--n", "-n", help="Samples per row (default 1)."),
     opt("max_model_len", int, "--max-model-len", help="Cap the context length (tokens)."),
-]
+]  # fmt: skip
 RUN_OPTIONS = [
     opt("window", int, "--window", help="Rows read, tokenized and length-sorted at a time (default 256)."),
     opt("sort_by_length", bool, "--sort/--no-sort", help="Sort each window by prompt length (default: on)."),
-    opt(
-        "checkpoint_every",
-        str,
-        "--checkpoint-every",
-        help="Commit a shard every N items and/or T seconds: 500, 60s, or 500,60s (default 1000,60s).",
-    ),  # fmt: skip
+    opt("checkpoint_every", str, "--checkpoint-every", help="Commit a shard every N items and/or T seconds: 500, 60s, or 500,60s (default 1000,60s)."),
     opt("quiet", bool, "--quiet/--no-quiet", "-q", help="No progress bar or summary."),
     opt("restart", bool, "--restart", help="Discard what OUT holds and start over."),
-]
+]  # fmt: skip
 ENGINE_OPTIONS = [
-    opt(
-        "kv_cache_mem", str, "--kv-cache-mem", help="KV-cache memory, e.g. 2GiB (default: from free memory)."
-    ),
+    opt("kv_cache_mem", str, "--kv-cache-mem", help="KV-cache memory, e.g. 2GiB (default: from free memory)."),
     opt("max_batch_tokens", int, "--max-batch-tokens", help="Token budget per engine step."),
     opt("max_seqs", int, "--max-seqs", help="Most sequences running at once."),
-    opt(
-        "prefix_cache",
-        bool,
-        "--prefix-cache/--no-prefix-cache",
-        help="Reuse shared prompt prefixes (default: on).",
-    ),
+    opt("prefix_cache", bool, "--prefix-cache/--no-prefix-cache", help="Reuse shared prompt prefixes (default: on)."),
     opt("kernels", str, "--kernels", help="auto | triton | cpu | reference."),
     opt("device", str, "--device", help="cpu or cuda (default: cuda if available)."),
     opt("dtype", str, "--dtype", help="float32 / bfloat16 / float16 (default: fp32 on CPU, bf16 on CUDA)."),
-]
-DIST_OPTIONS = [Opt("ray", RayOpt), Opt("workers", WorkersOpt), Opt("shard", ShardOpt)]
+    opt("cuda_graphs", bool, "--cuda-graphs/--no-cuda-graphs", help="Replay captured CUDA graphs for decode-only steps (default: on; CUDA only)."),
+]  # fmt: skip
+
+DIST_OPTIONS = [
+    opt("ray", str, "--ray", metavar="[ADDRESS]", is_flag=False, flag_value=RAY_DEFAULT, callback=lambda ctx, param, value: check_ray_address(value) or value, help="Run on Ray: one engine per worker (one GPU each where there are GPUs). A bare --ray joins the running cluster (RAY_ADDRESS or `ray start`) or starts a local one; ADDRESS may be 'auto', 'local', host:port or ray://host:10001. Needs: pip install 'bulkrun[ray]'."),
+    opt("workers", click.IntRange(min=1), "--workers", help="With --ray: number of workers (engines). Default: one per GPU of the cluster, else 1."),
+    opt("shard", str, "--shard", metavar="K/N", help="Job arrays: process only slice K of N (0-based: 0/N .. N-1/N; rows whose index % N == K). All slices share one --out; `bulkrun export OUT` merges them once all are done."),
+]  # fmt: skip
 
 JOB_OPTIONS = INPUT_OPTIONS + SAMPLING_OPTIONS + RUN_OPTIONS + ENGINE_OPTIONS + DIST_OPTIONS
 
 
-def with_options(*bundles: list[Opt]):
-    """Add the bundles' options to a command; it gets the ones given as `opts: dict`."""
+def options(*bundles: list[Opt]):
+    """Stack the bundles' click options on a command; it gets the ones given as `opts: dict`."""
     added = [o for bundle in bundles for o in bundle]
 
     def decorate(fn):
-        sig = inspect.signature(fn, eval_str=True)
-        own = [p for p in sig.parameters.values() if p.name != "opts"]
-        extra = [
-            inspect.Parameter(
-                o.key,
-                inspect.Parameter.KEYWORD_ONLY,
-                default=None if o.info is None else o.info,  # Annotated options: default None
-                annotation=o.annotation,
-            )
-            for o in added
-        ]
-
         @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
+        def command(*args, **kwargs):
             given = {}
             for o in added:
                 value = kwargs.pop(o.key, None)
-                if value is not None and value != [] and value != ():
+                if value is not None and value != ():
                     given[o.key] = list(value) if isinstance(value, tuple) else value
             return fn(*args, **kwargs, opts=given)
 
-        wrapper.__signature__ = sig.replace(parameters=own + extra)
-        wrapper.__annotations__ = {p.name: p.annotation for p in own + extra}
-        return wrapper
+        for o in reversed(added):  # click lists options in the order written here
+            command = o.decorator(command)
+        return command
 
     return decorate

@@ -6,21 +6,22 @@ import json
 import sys
 from pathlib import Path
 
-import typer
+import click
 
 from bulkrun.cli.app import app
 from bulkrun.errors import EXIT_INCOMPLETE, EXIT_OK, UsageError
 from bulkrun.io.outdir import is_uri
 
-OUT = typer.Argument(..., help="The job's output directory (its --out; a path or a URI).", show_default=False)
+# The job's output directory (its --out; a path or a URI).
+OUT = click.argument("out", metavar="OUT")
 
 
 @app.command()
-def status(
-    out: str = OUT,
-    as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
-) -> int:
-    """Show how far a job is: rows done, errored and remaining, whether a run is alive, throughput.
+@OUT
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+def status(out: str, as_json: bool) -> int:
+    """Show how far a job is (OUT: its --out, a path or a URI): rows done, errored and remaining,
+    whether a run is alive, throughput.
 
     Exit code 0 when the job is finished, 8 while rows remain.
     """
@@ -32,19 +33,17 @@ def status(
         info = status_at_uri(out)
     else:
         info = job_status(Path(out))
-    typer.echo(json.dumps(info, indent=2) if as_json else "\n".join(status_lines(info)))
+    click.echo(json.dumps(info, indent=2) if as_json else "\n".join(status_lines(info)))
     return EXIT_OK if info["remaining"] == 0 else EXIT_INCOMPLETE
 
 
 @app.command()
-def export(
-    out: str = OUT,
-    fmt: str = typer.Option(
-        None, "--format", "-f", help="results as jsonl or parquet (default: like the input)."
-    ),
-    force: bool = typer.Option(False, "--force", help="Export what is committed even if rows remain."),
-) -> int:
-    """Merge the committed shards into the final files (results, errors, OpenAI output), in input order.
+@OUT
+@click.option("--format", "-f", "fmt", default=None, help="results as jsonl or parquet (default: like the input).")
+@click.option("--force", is_flag=True, help="Export what is committed even if rows remain.")
+def export(out: str, fmt: str | None, force: bool) -> int:
+    """Merge the committed shards of OUT (its --out, a path or a URI) into the final files
+    (results, errors, OpenAI output), in input order.
 
     For a job split with --shard K/N, run this once every slice is done; it lists the missing slices
     otherwise (exit code 8).

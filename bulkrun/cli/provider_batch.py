@@ -6,27 +6,21 @@ import json
 import sys
 from pathlib import Path
 
-import typer
+import click
 
 from bulkrun.cli.app import app
-from bulkrun.cli.job_source import SETS, SOURCE, TASK, job_spec
-from bulkrun.cli.options import JOB_OPTIONS, with_options
+from bulkrun.cli.job_source import SOURCE, SOURCE_OPTIONS, job_spec
+from bulkrun.cli.options import JOB_OPTIONS, options
 from bulkrun.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_ROW_ERRORS
 
 
 @app.command("export-batch")
-@with_options(JOB_OPTIONS)
-def export_batch(
-    source: Path = SOURCE,
-    provider: str = typer.Option(..., "--provider", help="openai or anthropic."),
-    provider_model: str = typer.Option(
-        ..., "--provider-model", help="The provider's model name written into every request."
-    ),
-    task: str = TASK,
-    set_: list[str] = SETS,
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an earlier export in OUT/batch."),
-    opts: dict = None,
-) -> int:
+@SOURCE
+@options(SOURCE_OPTIONS, JOB_OPTIONS)
+@click.option("--provider", required=True, type=click.Choice(["openai", "anthropic"]), help="openai or anthropic.")
+@click.option("--provider-model", required=True, help="The provider's model name written into every request.")
+@click.option("--overwrite", is_flag=True, help="Replace an earlier export in OUT/batch.")
+def export_batch(source: Path, provider: str, provider_model: str, overwrite: bool, opts: dict) -> int:
     """Write the job's requests as provider batch files in OUT/batch/ (OpenAI Batch JSONL or Anthropic
     Message Batches requests), split at the provider's limits; bad rows become the job's error records.
 
@@ -34,7 +28,7 @@ def export_batch(
     """
     from bulkrun.job.batch_export import export_batch as export
 
-    report = export(job_spec(source, task, set_, opts), provider, provider_model, overwrite=overwrite)
+    report = export(job_spec(source, opts), provider, provider_model, overwrite=overwrite)
     print(
         f"exported {report['requests']} requests for {report['rows']} rows to {report['directory']} "
         f"({', '.join(report['files']) or 'no files'}); {report['error_records']} error records committed",
@@ -50,16 +44,11 @@ def export_batch(
 
 
 @app.command("import-batch")
-def import_batch(
-    out: Path = typer.Argument(
-        ..., help="The job's output directory (where export-batch wrote).", show_default=False
-    ),
-    result_files: list[Path] = typer.Argument(
-        ..., help="OpenAI batch output / error files or Anthropic results files.", show_default=False
-    ),
-    export_dir: Path = typer.Option(None, "--export", help="The batch export (default: OUT/batch)."),
-    as_json: bool = typer.Option(False, "--json", help="Print what was imported as JSON."),
-) -> int:
+@click.argument("out", type=click.Path(path_type=Path), metavar="OUT")
+@click.argument("result_files", nargs=-1, required=True, type=click.Path(path_type=Path), metavar="RESULT_FILE...")
+@click.option("--export", "export_dir", type=click.Path(path_type=Path), help="The batch export (default: OUT/batch).")
+@click.option("--json", "as_json", is_flag=True, help="Print what was imported as JSON.")
+def import_batch(out: Path, result_files: tuple[Path, ...], export_dir: Path | None, as_json: bool) -> int:
     """Commit a provider's batch results as shards of the job in OUT: `status`, `export` and a resumed
     run treat them as a local run's. Importing a file twice adds nothing; expired or canceled requests
     stay undone, and a plain rerun of the job finishes them locally.
@@ -68,9 +57,9 @@ def import_batch(
     """
     from bulkrun.job.batch_import import import_batch as import_results
 
-    report = import_results(out, result_files, export_dir)
+    report = import_results(out, list(result_files), export_dir)
     if as_json:
-        typer.echo(json.dumps(report, indent=2))
+        click.echo(json.dumps(report, indent=2))
     else:
         print(
             f"imported {report['results']} results and {report['errors']} errors into {out} "

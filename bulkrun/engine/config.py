@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bulkrun_kernels import check_backend_name
+
 
 # Budgets when neither the user nor the device chooses (the CPU): small steps keep the matmuls in cache.
 DEFAULT_MAX_NUM_SEQS = 256
@@ -20,7 +22,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     dtype: str | None = None  # None -> float32 on CPU, bfloat16 on CUDA
     device: str | None = None  # None -> cuda if available else cpu
-    kernels: str = "auto"  # "auto" | "triton" | "cpu" | "reference"
+    kernels: str = "auto"  # a name in bulkrun_kernels.BACKENDS
     max_waiting: int = 1024  # backpressure threshold for has_capacity()
     max_model_len: int | None = None  # None -> the model's context length; lower caps it
     # schedule step N+1 while the device runs step N; None: on where the device runs apart from
@@ -37,7 +39,6 @@ class EngineConfig:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.max_waiting < 1:
             raise ValueError(f"max_waiting must be >= 1, got {self.max_waiting}")
-        if self.kernels not in ("auto", "triton", "cpu", "reference"):
-            raise ValueError(f"kernels must be auto, triton, cpu or reference, got {self.kernels!r}")
+        check_backend_name(self.kernels)
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")

@@ -27,7 +27,7 @@ from bulkrun.io.provider_batch import BatchError, RowAssembler, load_export, rea
 from bulkrun.io.readers import read_rows
 from bulkrun.io.shards import ERRORS_DIR, RESULTS_DIR, ShardWriter
 from bulkrun.job.batch_export import BATCH_DIR, read_job_file
-from bulkrun.job.drive import keep_input_fields
+from bulkrun.job.loop import keep_input_fields
 from bulkrun.job.resume import RowSet, load_committed
 from bulkrun.job.session import SINGLE
 

@@ -19,7 +19,7 @@ from bulkrun.errors import UsageError
 from bulkrun.io.manifest import job_fingerprint
 from bulkrun.io.readers import read_rows
 from bulkrun.io.shards import ERRORS_DIR, RESULTS_DIR, ShardWriter
-from bulkrun.job.drive import Checkpointer, Driver, ProgressBar
+from bulkrun.job.loop import Checkpointer, JobLoop, ProgressBar
 from bulkrun.job.feed import Feed, IdRegistry, PromptBuilder
 from bulkrun.job.resume import load_committed
 from bulkrun.job.session import SINGLE, JobSession, load_engine, open_job, task_context
@@ -50,7 +50,7 @@ def run_job(spec: JobSpec, *, engine=None) -> dict:
 def run_slice(
     spec: JobSpec, partition: Partition, engine, on_progress: ProgressHook | None = None
 ) -> RunStats:
-    """A Ray worker's slice: the driver holds the lock; marks the slice done; returns its RunStats."""
+    """A Ray worker's slice: the Ray driver holds the lock; marks the slice done; returns its RunStats."""
     with open_job(spec, lock=False, writer=partition.tag) as session:
         return _slice(session, engine, partition, on_progress)
 
@@ -84,11 +84,11 @@ def _stream(session: JobSession, engine, writer: str, select, on_progress: Progr
     already = len(committed.done) if select is None else sum(1 for r in committed.done.rows() if select(r))
     total = session.total_rows if select is None else None
     # A caller with its own progress hook (a Ray worker) shows one bar for everyone: none here.
-    progress = ProgressBar(
+    bar = ProgressBar(
         total, already, stats, quiet=spec.quiet or on_progress is not None, label=spec.task
     )
-    driver = Driver(engine, session.task, results, errors, stats, keep_fields=spec.keep_fields)
-    driver.on_record, driver.on_step = _hooks(progress, stats, on_progress, already)
+    loop = JobLoop(engine, session.task, results, errors, stats, keep_fields=spec.keep_fields)
+    loop.on_record, loop.on_step = _hooks(bar, stats, on_progress, already)
 
     def commit() -> None:
         results.commit()
@@ -98,24 +98,24 @@ def _stream(session: JobSession, engine, writer: str, select, on_progress: Progr
 
     try:
         items, seconds = parse_checkpoint(spec.checkpoint_every)
-        driver.run(feed.windows(), Checkpointer(items, seconds, commit, session.lock.heartbeat))
+        loop.run(feed.windows(), Checkpointer(items, seconds, commit, session.lock.heartbeat))
     finally:
         feed.close()
-        progress.close()
+        bar.close()
         stats.finish()
         commit()  # finished records are complete: keep them whatever stopped us
     return stats
 
 
-def _hooks(progress: ProgressBar, stats: RunStats, on_progress: ProgressHook | None, already: int):
+def _hooks(bar: ProgressBar, stats: RunStats, on_progress: ProgressHook | None, already: int):
     if on_progress is None:
-        return progress.record, progress.step
+        return bar.record, bar.step
     on_progress(already, 0)
     sent = [0]
 
     def record() -> None:
-        progress.record()
+        bar.record()
         on_progress(1, stats.generated_tokens - sent[0])
         sent[0] = stats.generated_tokens
 
-    return record, progress.step
+    return record, bar.step

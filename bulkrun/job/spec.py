@@ -75,6 +75,7 @@ class JobSpec:
     prefix_cache: bool = True
     kernels: str = "auto"
     device: str | None = None
+    cuda_graphs: bool = True
     # distribution (bulkrun.distributed)
     ray: str | None = None
     workers: int | None = None
@@ -109,6 +110,7 @@ class JobSpec:
             "device": self.device,
             "kernels": self.kernels,
             "max_model_len": self.max_model_len,
+            "cuda_graphs": self.cuda_graphs,
         }
         try:
             return EngineConfig(**{k: v for k, v in values.items() if v is not None})

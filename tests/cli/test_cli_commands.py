@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import typer
 from helpers.models import ENGINE_FLAGS
 from helpers.rows import texts, write_jsonl
 
@@ -22,7 +21,7 @@ from bulkrun.errors import (
 )
 from bulkrun.io.lock import JobLock
 
-COMMANDS = sorted(typer.main.get_command(app).commands)
+COMMANDS = sorted(app.commands)
 
 
 def test_the_job_commands_are_all_there():

@@ -86,17 +86,35 @@ def test_unwritable_output_exits_9_with_one_line_and_a_rerun_finishes_exactly_on
     assert read_jsonl(tmp_path / "out" / "errors.jsonl") == read_jsonl(tmp_path / "clean" / "errors.jsonl")
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
-def test_read_only_output_directory_exits_9(bulkrun, tmp_path, cli_model):
-    source = write_jsonl(tmp_path / "in.jsonl", texts(3))
-    out = tmp_path / "out"
-    out.mkdir()
-    out.chmod(0o500)
+@pytest.fixture
+def read_only_directory(tmp_path):
+    """An existing directory no write goes into: a read-only tmpfs as root (root ignores mode bits;
+    CI runs as root), a mode-0500 directory otherwise."""
+    import subprocess
+
+    directory = tmp_path / "read-only"
+    directory.mkdir()
+    if os.geteuid() != 0:
+        directory.chmod(0o500)
+        yield directory
+        directory.chmod(0o700)
+        return
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(directory)],
+                      capture_output=True).returncode:  # fmt: skip
+        pytest.skip("root here may not mount a read-only tmpfs")
     try:
-        exit_code, _, err = bulkrun("generate", source, *_args(cli_model, str(out)))
+        yield directory
     finally:
-        out.chmod(0o700)
-    assert exit_code == EXIT_OUTPUT and len(err.strip().splitlines()) == 1 and str(out) in err
+        subprocess.run(["umount", "-l", str(directory)], check=False)
+
+
+def test_read_only_output_directory_exits_9(bulkrun, tmp_path, cli_model, read_only_directory):
+    source = write_jsonl(tmp_path / "in.jsonl", texts(3))
+    exit_code, _, err = bulkrun("generate", source, *_args(cli_model, str(read_only_directory)))
+    assert exit_code == EXIT_OUTPUT and len(err.strip().splitlines()) == 1, err
+    assert str(read_only_directory) in err and "Traceback" not in err
+    assert os.strerror(errno.EROFS if os.geteuid() == 0 else errno.EACCES) in err
+    assert os.listdir(read_only_directory) == []
 
 
 def test_a_null_text_field_is_reported_as_null(bulkrun, tmp_path, cli_model):

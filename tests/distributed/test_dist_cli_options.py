@@ -4,28 +4,44 @@ from __future__ import annotations
 
 import pytest
 
-from bulkrun.distributed.options import RAY_DEFAULT, check_exec_options, fix_bare_ray_flag, ray_address
-from bulkrun.errors import UsageError
+import click
+
+from bulkrun.cli import main
+from bulkrun.cli.options import DIST_OPTIONS, options
+from bulkrun.distributed.options import RAY_DEFAULT, check_exec_options, ray_address
+from bulkrun.errors import EXIT_USAGE, UsageError
 
 
 @pytest.mark.parametrize(
     "argv,expected",
     [
-        (["run", "job.toml", "--ray"], ["run", "job.toml", f"--ray={RAY_DEFAULT}"]),
-        (["classify", "--ray", "tickets.jsonl"], ["classify", f"--ray={RAY_DEFAULT}", "tickets.jsonl"]),
-        (
-            ["run", "j.toml", "--ray", "--workers", "2"],
-            ["run", "j.toml", f"--ray={RAY_DEFAULT}", "--workers", "2"],
-        ),
-        (["run", "j.toml", "--ray", "ray://head:10001"], ["run", "j.toml", "--ray", "ray://head:10001"]),
-        (["run", "j.toml", "--ray", "10.0.0.5:6379"], ["run", "j.toml", "--ray", "10.0.0.5:6379"]),
-        (["run", "j.toml", "--ray", "auto"], ["run", "j.toml", "--ray", "auto"]),
-        (["run", "j.toml", "--ray=local"], ["run", "j.toml", "--ray=local"]),
-        (["generate", "--", "--ray"], ["generate", "--", "--ray"]),
+        (["--ray"], RAY_DEFAULT),
+        (["--ray", "--workers", "2"], RAY_DEFAULT),
+        (["--ray", "ray://head:10001"], "ray://head:10001"),
+        (["--ray", "10.0.0.5:6379"], "10.0.0.5:6379"),
+        (["--ray", "auto"], "auto"),
+        (["--ray=local"], "local"),
+        ([], None),
     ],
 )
-def test_bare_ray_flag_gets_its_default(argv, expected):
-    assert fix_bare_ray_flag(argv) == expected
+def test_ray_option_takes_an_optional_address(argv, expected):
+    """What the command line hands the job spec for `--ray [ADDRESS]` (click's optional value)."""
+    seen = {}
+
+    @click.command()
+    @options(DIST_OPTIONS)
+    def command(opts):
+        seen.update(opts)
+
+    command.main(argv, standalone_mode=False)
+    assert seen.get("ray") == expected
+
+
+def test_a_bare_ray_before_the_input_is_refused_with_one_line(capsys):
+    """`--ray tickets.jsonl` would take the file as the address: exit 2 before any work, saying so."""
+    assert main(["generate", "--ray", "tickets.jsonl"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "not a Ray address" in err and "--ray=ADDRESS" in err and "Traceback" not in err
 
 
 def test_ray_address_maps_the_default_to_rays_own_choice():
@@ -41,6 +57,7 @@ def test_ray_address_maps_the_default_to_rays_own_choice():
         (None, 2, None, "--workers applies to Ray runs only"),
         (RAY_DEFAULT, 0, None, "at least 1"),
         (None, None, "2/2", "0-based"),
+        ("tickets.jsonl", None, None, "not a Ray address"),
     ],
 )
 def test_conflicting_options_are_refused(ray, workers, shard, needle):

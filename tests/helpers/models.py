@@ -1,5 +1,9 @@
-"""Tiny random-weight models the real engine runs in seconds, for the job, CLI, distributed and task
-tests: a byte-level tokenizer (every text encodes) with a chat template, and small engine flags."""
+"""Tiny random-weight models the real engine runs in seconds, the one place tests build them:
+- make_tiny_model: a Llama with a byte-level tokenizer (every text encodes) and a chat template, for
+  the job, CLI, distributed and task tests (with ENGINE_FLAGS, small engine settings);
+- make_model_for_tokenizer: a Llama with a real tokenizer's vocabulary;
+- build_tiny_model(kind): one checkpoint per supported model family (KINDS) with a word tokenizer,
+  for the model tests that compare with transformers."""
 
 from __future__ import annotations
 
@@ -78,3 +82,66 @@ def make_model_for_tokenizer(directory: Path, tokenizer, *, embed_scale: float =
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+# --- one tiny checkpoint per model family (tests/model) ---------------------------------------------
+VOCAB = 96
+_COMMON = dict(
+    vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
+    pad_token_id=0,
+)  # fmt: skip
+_LLAMA3_ROPE = {
+    "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+}  # fmt: skip
+KINDS = {
+    # kind: (transformers config class, its settings beside _COMMON)
+    "llama": ("LlamaConfig", dict(tie_word_embeddings=True, rope_theta=50000.0)),  # SmolLM2-like
+    "llama_untied": ("LlamaConfig", dict(tie_word_embeddings=False, head_dim=32)),
+    "llama3_rope": ("LlamaConfig", dict(rope_parameters=_LLAMA3_ROPE)),
+    "mistral": ("MistralConfig", dict(sliding_window=None, tie_word_embeddings=False)),
+    "qwen2": ("Qwen2Config", dict(tie_word_embeddings=False)),  # q/k/v bias
+    "qwen3": ("Qwen3Config", dict(head_dim=16, tie_word_embeddings=True)),  # per-head q/k norm
+}
+
+
+def build_tiny_model(kind: str, folder: Path, seed: int = 0, **config_overrides):
+    """Save a tiny `kind` model to folder (config_overrides: e.g. num_hidden_layers); return the
+    transformers model (fp32, eval).
+
+    Weights are redrawn larger than transformers' init (std 0.02 makes every logit nearly equal, which
+    would let a wrong head order or a missing bias pass unnoticed)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    config_class, settings = KINDS[kind]
+    config = getattr(transformers, config_class)(**{**_COMMON, **settings, **config_overrides})
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) * (0.3 if p.ndim == 1 else p.shape[-1] ** -0.5))
+    model.eval()
+    model.save_pretrained(folder)
+    save_word_tokenizer(folder)
+    return model
+
+
+def save_word_tokenizer(folder: Path) -> None:
+    """A whitespace word-level tokenizer: 'w0 w1 ...' <-> ids, specials at 0..2."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2} | {f"w{i}": i for i in range(3, VOCAB)}
+    tok = Tokenizer(WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = Whitespace()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<pad>"
+    )
+    fast.save_pretrained(folder)

@@ -52,7 +52,7 @@ def test_unknown_key_is_named_with_a_suggestion(tmp_path):
         ('input = "a.jsonl"\nkv_cache_mem = "lots"\n', "invalid size"),
         ('input = "a.jsonl"\nprompt_template = "{a.b}"\n', "plain"),
         ('input = "a.jsonl"\nshard = "4/4"\n', "shard"),
-        ('input = "a.jsonl"\nkernels = "cutlass"\n', "kernels must be auto, triton, cpu or reference"),
+        ('input = "a.jsonl"\nkernels = "cutlass"\n', "unknown kernel backend 'cutlass'"),
         ('task = "nope"\ninput = "a.jsonl"\n', "unknown task 'nope'"),
         ("input = \n", "not valid TOML"),
     ],

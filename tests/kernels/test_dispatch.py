@@ -28,15 +28,24 @@ def test_triton_backend_has_every_op(device):
     }  # fmt: skip
 
 
-def test_auto_picks_by_device():
-    # on the CPU: the native kernels where they build, else the references (tests/cpu_kernels
-    # covers both the build and the fallback)
+@pytest.mark.parametrize(("native_builds", "expected"), [(True, "cpu"), (False, "reference")])
+def test_auto_on_the_cpu_takes_the_native_kernels_only_where_they_load(monkeypatch, native_builds, expected):
+    # whether the build works here is forced both ways (tests/cpu_kernels covers the build itself)
     from bulkrun_kernels import cpu_build
 
-    cpu = "cpu" if cpu_build.load() else "reference"
-    assert resolve_backend("auto", "cpu") == cpu
-    assert resolve_backend("auto", None) == cpu
-    assert resolve_backend("auto", torch.device("cuda", 0)) == "triton"
+    monkeypatch.setattr(cpu_build, "load", lambda: native_builds)
+    assert resolve_backend("auto", "cpu") == expected
+    assert resolve_backend("auto", None) == expected
+    assert resolve_backend("reference", "cpu") == "reference"
+
+
+@pytest.mark.parametrize(("has_triton", "expected"), [(True, "triton"), (False, "reference")])
+def test_auto_on_cuda_takes_triton_only_where_it_is_installed(monkeypatch, has_triton, expected):
+    import bulkrun_kernels
+
+    monkeypatch.setattr(bulkrun_kernels, "triton_available", lambda: has_triton)
+    assert resolve_backend("auto", torch.device("cuda", 0)) == expected
+    assert resolve_backend("auto", "cuda:1") == expected
     assert resolve_backend("reference", "cuda") == "reference"
 
 

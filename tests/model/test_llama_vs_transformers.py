@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import KINDS, VOCAB, build_tiny_model
+from helpers.models import KINDS, VOCAB, build_tiny_model
 
 from bulkrun.engine.kv_cache import KVCache
 from bulkrun.engine.params import SamplingParams

@@ -4,7 +4,7 @@ the unpadded path, padding rows never touch a block the scheduler hands out."""
 from __future__ import annotations
 
 import pytest
-from tiny_models import VOCAB, build_tiny_model
+from helpers.models import VOCAB, build_tiny_model
 
 from bulkrun.engine.config import EngineConfig
 from bulkrun.engine.decode_graphs import DecodeGraphs, graph_batch_sizes

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import VOCAB, build_tiny_model
+from helpers.models import VOCAB, build_tiny_model
 
 from bulkrun.engine.config import EngineConfig
 from bulkrun.engine.params import SamplingParams

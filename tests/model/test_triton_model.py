@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 from test_llama_vs_transformers import PagedRun
-from tiny_models import VOCAB, build_tiny_model
+from helpers.models import VOCAB, build_tiny_model
 
 from bulkrun.model.loader import load_model
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import build_tiny_model
+from helpers.models import build_tiny_model
 
 from bulkrun.model import loader, weight_cache
 from bulkrun.model.attention_metadata import AttentionMetadata

@@ -57,7 +57,7 @@ class Checkpointer:
         self._last = time.monotonic()
 
 
-class Driver:
+class JobLoop:
     def __init__(self, engine, task: Task, results: ShardWriter, errors: ShardWriter, stats: RunStats,
                  keep_fields: list[str] | None = None):  # fmt: skip
         self.engine, self.task = engine, task
