@@ -8,7 +8,7 @@ not part of either), their ratio, the engine tokens/s of plan's sample and of th
 comes from), and whether plan's row and prompt-token counts equal the job's.
 Target: the estimate within 25% of the actual run.
 
-    flock /tmp/bulkrun-bench.lock .venv/bin/python bench/plan_bench.py [--sizes 60,240] [--max-tokens 16]
+    flock /tmp/bulkrun-bench.lock .venv/bin/python bench/plan_bench.py [--sizes 40,160] [--max-tokens 16]
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ def measure(rows: int, max_tokens: int, work: Path) -> dict:
         )
         / max(report["wall_time_s"], 1e-9),
         "counts_equal": plan["rows"] == report["rows"] and plan["prompt_tokens"] == report["prompt_tokens"],
+        "step_cost": plan["step_cost"],
         "generated_estimate": plan["generated_tokens_estimate"],
         "generated_actual": report["generated_tokens"],
     }
@@ -64,12 +65,14 @@ def measure(rows: int, max_tokens: int, work: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="60,240", help="job sizes in rows, comma separated")
+    parser.add_argument("--sizes", default="40,160", help="job sizes in rows, comma separated")
     parser.add_argument("--max-tokens", type=int, default=16)
     args = parser.parse_args()
-    print(f"plan estimate vs actual run, default model, greedy, max_tokens {args.max_tokens}")
+    print(f"plan estimate vs actual run, default model, greedy, max_tokens {args.max_tokens}", flush=True)
     print(
-        f"{'rows':>6} {'estimate s':>11} {'actual s':>9} {'est/act':>8} {'gen est':>8} {'gen act':>8}  counts"
+        f"{'rows':>6} {'estimate s':>11} {'actual s':>9} {'est/act':>8} {'sample tok/s':>12} {'run tok/s':>9}  "
+        "counts  step cost fitted on the sample (fixed ms + per prompt token ms + per decode row ms)",
+        flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="plan-bench-") as tmp:
         for rows in (int(s) for s in args.sizes.split(",")):
@@ -79,8 +82,18 @@ def main() -> None:
             print(
                 f"{rows:>6} {m['estimate_s']:>11.1f} {m['actual_s']:>9.1f} {ratio:>8.2f} "
                 f"{m['sample_tok_s']:>12.1f} {m['actual_tok_s']:>9.1f}  "
-                f"{'equal' if m['counts_equal'] else 'DIFFER'}  {flag}"
+                f"{'equal' if m['counts_equal'] else 'DIFFER'}  {_step_cost(m['step_cost'])}  {flag}",
+                flush=True,
             )
+
+
+def _step_cost(cost: dict | None) -> str:
+    if cost is None:
+        return "none (tokens/s)"
+    return (
+        f"{cost['fixed'] * 1e3:.1f} + {cost['per_prefill_token'] * 1e3:.3f}/tok + "
+        f"{cost['per_decode_row'] * 1e3:.3f}/row"
+    )
 
 
 if __name__ == "__main__":
