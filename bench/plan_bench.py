@@ -4,10 +4,11 @@ For each size: the shipped tickets (bulkrun/data/tickets.jsonl) repeated to N ro
 greedy generation of a few tokens; `bulkrun plan --json` (its own sample run on the engine), then the
 job itself (`bulkrun generate`), each in a fresh process. Printed: plan's estimate, the job's engine wall
 time (report.json wall_time_s: from the first row read to the last shard committed; model loading is
-not part of either), their ratio, and whether plan's row and prompt-token counts equal the job's.
+not part of either), their ratio, the engine tokens/s of plan's sample and of the run (where a miss
+comes from), and whether plan's row and prompt-token counts equal the job's.
 Target: the estimate within 25% of the actual run.
 
-    flock /tmp/bulkrun-bench.lock .venv/bin/python bench/plan_bench.py [--sizes 60,240] [--max-tokens 16]
+    flock /tmp/bulkrun-bench.lock .venv/bin/python bench/plan_bench.py [--sizes 40,160] [--max-tokens 16]
 """
 
 from __future__ import annotations
@@ -51,7 +52,12 @@ def measure(rows: int, max_tokens: int, work: Path) -> dict:
         "estimate_s": plan["wall_seconds_estimate"],
         "actual_s": report["wall_time_s"],
         "sample_tok_s": plan["engine_tokens_per_s"],
+        "actual_tok_s": (
+            report["prompt_tokens"] * (1 - report["prefix_cache_hit_rate"]) + report["generated_tokens"]
+        )
+        / max(report["wall_time_s"], 1e-9),
         "counts_equal": plan["rows"] == report["rows"] and plan["prompt_tokens"] == report["prompt_tokens"],
+        "step_cost": plan["step_cost"],
         "generated_estimate": plan["generated_tokens_estimate"],
         "generated_actual": report["generated_tokens"],
     }
@@ -59,12 +65,14 @@ def measure(rows: int, max_tokens: int, work: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="60,240", help="job sizes in rows, comma separated")
+    parser.add_argument("--sizes", default="40,160", help="job sizes in rows, comma separated")
     parser.add_argument("--max-tokens", type=int, default=16)
     args = parser.parse_args()
-    print(f"plan estimate vs actual run, default model, greedy, max_tokens {args.max_tokens}")
+    print(f"plan estimate vs actual run, default model, greedy, max_tokens {args.max_tokens}", flush=True)
     print(
-        f"{'rows':>6} {'estimate s':>11} {'actual s':>9} {'est/act':>8} {'gen est':>8} {'gen act':>8}  counts"
+        f"{'rows':>6} {'estimate s':>11} {'actual s':>9} {'est/act':>8} {'sample tok/s':>12} {'run tok/s':>9}  "
+        "counts  step cost fitted on the sample (fixed ms + per prompt token ms + per decode row ms)",
+        flush=True,
     )
     with tempfile.TemporaryDirectory(prefix="plan-bench-") as tmp:
         for rows in (int(s) for s in args.sizes.split(",")):
@@ -73,9 +81,19 @@ def main() -> None:
             flag = "ok" if abs(ratio - 1) <= 0.25 else "OFF TARGET (25%)"
             print(
                 f"{rows:>6} {m['estimate_s']:>11.1f} {m['actual_s']:>9.1f} {ratio:>8.2f} "
-                f"{m['generated_estimate']:>8} {m['generated_actual']:>8}  "
-                f"{'equal' if m['counts_equal'] else 'DIFFER'}  {flag}"
+                f"{m['sample_tok_s']:>12.1f} {m['actual_tok_s']:>9.1f}  "
+                f"{'equal' if m['counts_equal'] else 'DIFFER'}  {_step_cost(m['step_cost'])}  {flag}",
+                flush=True,
             )
+
+
+def _step_cost(cost: dict | None) -> str:
+    if cost is None:
+        return "none (tokens/s)"
+    return (
+        f"{cost['fixed'] * 1e3:.1f} + {cost['per_prefill_token'] * 1e3:.3f}/tok + "
+        f"{cost['per_decode_row'] * 1e3:.3f}/row"
+    )
 
 
 if __name__ == "__main__":

@@ -17,10 +17,18 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from bulkrun.engine.outputs import StepStats
 from bulkrun.io.formats import OPENAI, detect_format
 from bulkrun.io.readers import read_rows
 from bulkrun.job.feed import Feed, IdRegistry, Prepared, PromptBuilder
-from bulkrun.job.plan_estimate import PlanEstimate, PlanInputs, PromptTokenStats, SampleRun, estimate_plan
+from bulkrun.job.plan_estimate import (
+    PlanEstimate,
+    PlanInputs,
+    PromptTokenStats,
+    SampleRun,
+    StepTiming,
+    estimate_plan,
+)
 from bulkrun.job.prices import load_prices
 from bulkrun.job.resume import RowSet
 from bulkrun.job.session import build_task, check_named_fields, load_engine, resolve_model, task_context
@@ -48,7 +56,9 @@ def plan_job(spec: JobSpec, *, sample: int = DEFAULT_SAMPLE, prices: Path | None
         read_rows(input_path, fmt), builder, IdRegistry("custom_id" if fmt == OPENAI else spec.id_field),
         done=RowSet(), window=spec.window, sort=False,
     )  # fmt: skip
+    start = time.perf_counter()
     prompts, errors, first = _read(feed, sample, quiet=spec.quiet)
+    read_seconds = time.perf_counter() - start
     run = sample_run(engine, first) if first else None
     per_token = _kv_bytes_per_token(engine)
     return estimate_plan(
@@ -64,6 +74,8 @@ def plan_job(spec: JobSpec, *, sample: int = DEFAULT_SAMPLE, prices: Path | None
             kv_bytes_per_token=per_token,
             kv_available_bytes=engine.pool.num_blocks * engine.pool.block_size * per_token,
             max_seqs=engine.limits.max_num_seqs,
+            token_budget=engine.limits.max_num_batched_tokens,
+            read_seconds=read_seconds,
             prices=price_table,
         )
     )
@@ -96,13 +108,24 @@ def sample_run(engine, prepared: list[Prepared]) -> SampleRun:
         for k, request in enumerate(p.requests):
             request.request_id = f"{p.item.index}/{k}"
             requests.append(request)
-    prompt = cached = generated = 0
-    start = time.perf_counter()
-    for output in engine.stream(iter(requests)):
+    prompt = cached = 0
+    lengths: list[int] = []
+    steps: list[StepTiming] = []
+    start = last = time.perf_counter()
+
+    def timed(stats: StepStats) -> None:  # each step's shape and the time since the previous one
+        nonlocal last
+        now = time.perf_counter()
+        steps.append(StepTiming(stats.num_prefill_tokens, stats.num_decode_tokens, now - last))
+        last = now
+
+    for output in engine.stream(iter(requests), on_step=timed):
         prompt += len(output.prompt_token_ids)
         cached += output.num_cached_tokens
-        generated += len(output.output_token_ids)
-    return SampleRun(len(requests), prompt, cached, generated, time.perf_counter() - start)
+        lengths.append(len(output.output_token_ids))
+    return SampleRun(
+        len(requests), prompt, cached, sum(lengths), time.perf_counter() - start, tuple(steps), tuple(lengths)
+    )
 
 
 def _workers(spec: JobSpec) -> int:

@@ -10,8 +10,13 @@ Estimation model (stated so the bench can check it):
   each worker computes them, every later request skips them (never its last prompt token, as the engine
   always recomputes that one to get logits).
 - generated tokens: the bound is requests x max_tokens; the estimate is requests x the sample's mean.
-- wall time: the sample's rate in engine tokens per second (prompt tokens computed + tokens generated)
-  applied to the whole job's engine tokens, divided over the workers.
+- wall time: the sample's steps, each timed with its shape (prefill tokens, decode rows), fit a step
+  cost = fixed + per prefill token + per decode row (least squares, no negative terms); the whole job
+  is then simulated step by step as the scheduler runs it (decodes first, then prompt chunks, within
+  the job's token budget and running-request cap) and the costs summed, divided over the workers, plus
+  the time plan's own read pass took (the job reads and tokenizes the same rows). A sample run at 32
+  requests thus predicts a job running 256 at once by its step shapes, not by one tokens/s figure.
+  Without timed steps the sample's engine tokens per second is applied to the job's engine tokens.
 - KV memory: the largest request must fit alone; a full batch of max_seqs average requests (sharing the
   prefix blocks) is what runs without preemption.
 """
@@ -73,6 +78,133 @@ class PromptTokenStats:
 
 
 @dataclass(frozen=True, slots=True)
+class StepTiming:
+    """One engine step of the sample: its shape (from StepStats) and how long it took."""
+
+    prefill_tokens: int
+    decode_rows: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """Seconds of one engine step of a given shape."""
+
+    fixed: float
+    per_prefill_token: float
+    per_decode_row: float
+
+    def __call__(self, prefill_tokens: int, decode_rows: int) -> float:
+        return self.fixed + self.per_prefill_token * prefill_tokens + self.per_decode_row * decode_rows
+
+
+WARMUP_STEPS = 1  # the sample's first steps pay one-off costs (allocations, lazy init) a job pays once
+
+
+def fit_step_cost(steps: Sequence[StepTiming]) -> StepCost | None:
+    """Least-squares step cost with no negative term (exact NNLS over the 3 terms' subsets); None
+    when fewer than 3 steps are left after the warm-up."""
+    steps = list(steps[WARMUP_STEPS:])
+    if len(steps) < 3:
+        return None
+    rows = [(1.0, float(s.prefill_tokens), float(s.decode_rows)) for s in steps]
+    y = [s.seconds for s in steps]
+    best: tuple[float, list[float]] | None = None
+    for mask in range(1, 8):
+        used = [k for k in range(3) if mask >> k & 1]
+        coef = _least_squares([[r[k] for k in used] for r in rows], y)
+        if coef is None or any(c < 0 for c in coef):
+            continue
+        full = [0.0, 0.0, 0.0]
+        for k, c in zip(used, coef, strict=True):
+            full[k] = c
+        residual = sum(
+            (sum(f * x for f, x in zip(full, r, strict=True)) - t) ** 2 for r, t in zip(rows, y, strict=True)
+        )
+        if best is None or residual < best[0] - 1e-15:
+            best = (residual, full)
+    return StepCost(*best[1]) if best is not None else None
+
+
+def _least_squares(x: list[list[float]], y: list[float]) -> list[float] | None:
+    """Solve the normal equations (k <= 3 columns) by Gaussian elimination; None if singular."""
+    k = len(x[0])
+    a = [
+        [sum(r[i] * r[j] for r in x) for j in range(k)] + [sum(r[i] * t for r, t in zip(x, y, strict=True))]
+        for i in range(k)
+    ]
+    for col in range(k):
+        pivot = max(range(col, k), key=lambda r: abs(a[r][col]))
+        scale = max(abs(v) for row in a for v in row[:k]) or 1.0
+        if abs(a[pivot][col]) <= 1e-12 * scale:
+            return None
+        a[col], a[pivot] = a[pivot], a[col]
+        for r in range(k):
+            if r != col:
+                f = a[r][col] / a[col][col]
+                a[r] = [v - f * w for v, w in zip(a[r], a[col], strict=True)]
+    return [a[i][k] / a[i][i] for i in range(k)]
+
+
+SIMULATED_REQUESTS = 4096  # beyond this many (and 4 full batches) the job's steady state is scaled up
+
+
+def simulate_steps(
+    prompt_tokens: Sequence[int], generated: Sequence[int], max_seqs: int, token_budget: int
+) -> list[tuple[int, int]]:
+    """(prefill tokens, decode rows) of every step the scheduler takes for these requests, all
+    queued at once: running decodes first, then prompt chunks in admission order, new requests
+    admitted while there is room. A request's last prompt chunk samples its first token, so a request
+    generating g tokens takes g - 1 decode rows."""
+    waiting = list(zip(prompt_tokens, generated, strict=True))[::-1]  # pop() takes the first
+    running: list[list[int]] = []  # [prompt tokens left, tokens left to generate]
+    steps = []
+    while waiting or running:
+        budget, prefill, decode = token_budget, 0, 0
+        for req in running:
+            if budget and req[0] == 0 and req[1] > 0:
+                req[1] -= 1
+                budget -= 1
+                decode += 1
+        while waiting and len(running) < max_seqs:
+            prompt, gen = waiting.pop()
+            running.append([max(prompt, 1), gen])
+        for req in running:
+            if budget <= 0:
+                break
+            if req[0] > 0:
+                n = min(req[0], budget)
+                req[0] -= n
+                budget -= n
+                prefill += n
+                if req[0] == 0:
+                    req[1] -= 1  # the last chunk samples the first token
+        steps.append((prefill, decode))
+        running = [r for r in running if r[0] > 0 or r[1] > 0]
+    return steps
+
+
+def simulated_seconds(
+    cost: StepCost,
+    requests: int,
+    prompt_tokens: int,
+    generated: Sequence[int],
+    max_seqs: int,
+    token_budget: int,
+) -> float:
+    """The job's engine time: `requests` of `prompt_tokens` computed prompt tokens in all (spread
+    evenly), each generating like the sample's requests in turn, run under the job's limits."""
+    if requests == 0:
+        return 0.0
+    simulated = min(requests, max(SIMULATED_REQUESTS, 4 * max_seqs))
+    base, extra = divmod(prompt_tokens, requests)
+    prompts = [base + (i < extra) for i in range(simulated)]
+    gens = [max(generated[i % len(generated)], 1) if generated else 1 for i in range(simulated)]
+    seconds = sum(cost(p, d) for p, d in simulate_steps(prompts, gens, max_seqs, token_budget))
+    return seconds * requests / simulated
+
+
+@dataclass(frozen=True, slots=True)
 class SampleRun:
     """A short run of the job's first rows on the engine, as measured."""
 
@@ -81,6 +213,8 @@ class SampleRun:
     cached_prompt_tokens: int  # prefix-cache hits: prompt tokens the engine did not compute
     generated_tokens: int
     seconds: float
+    steps: tuple[StepTiming, ...] = ()  # every engine step of the sample, timed
+    generated_lengths: tuple[int, ...] = ()  # tokens each request generated
 
     @property
     def engine_tokens(self) -> int:
@@ -108,6 +242,8 @@ class PlanInputs:
     kv_bytes_per_token: int = 0  # the model's K+V bytes for one token over all layers
     kv_available_bytes: int | None = None  # the engine's KV budget on this machine
     max_seqs: int | None = None  # the engine's running-request cap (None: as many as rows)
+    token_budget: int | None = None  # the engine's tokens per step (None: unbounded)
+    read_seconds: float = 0.0  # plan's pass reading and tokenizing the input, which the job repeats
     prices: Sequence[Price] = ()
 
 
@@ -124,6 +260,7 @@ class PlanEstimate:
     generated_tokens_bound: int
     generated_tokens_estimate: int | None
     engine_tokens_per_s: float | None
+    step_cost: dict | None  # the sample's fitted seconds per step: fixed, per prefill token, per decode row
     wall_seconds_estimate: float | None
     kv_bytes_largest_request: int
     kv_bytes_full_batch: int
@@ -155,10 +292,8 @@ def estimate_plan(inputs: PlanInputs) -> PlanEstimate:
     if inputs.sample is not None:
         generated = min(bound, round(requests * inputs.sample.mean_generated))
     rate = inputs.sample.tokens_per_s if inputs.sample is not None else None
-    wall = None
-    if rate:
-        engine_tokens = prompts.total * n - saved + (generated if generated is not None else bound)
-        wall = engine_tokens / rate / max(inputs.workers, 1)
+    cost = fit_step_cost(inputs.sample.steps) if inputs.sample is not None else None
+    wall = _wall_seconds(inputs, cost, requests, prompts.total * n - saved, generated, rate)
     percentiles = {f"p{q}": prompts.percentile(q) for q in PERCENTILES}
     percentiles["max"] = max(prompts.lengths, default=0)
     largest, full = _kv_bytes(inputs, generated, cached)
@@ -174,12 +309,39 @@ def estimate_plan(inputs: PlanInputs) -> PlanEstimate:
         generated_tokens_bound=bound,
         generated_tokens_estimate=generated,
         engine_tokens_per_s=rate,
+        step_cost=asdict(cost) if cost is not None else None,
         wall_seconds_estimate=wall,
         kv_bytes_largest_request=largest,
         kv_bytes_full_batch=full,
         kv_bytes_available=inputs.kv_available_bytes,
         costs=_costs(inputs.prices, prompts.total * n, bound, generated),
     )
+
+
+def _wall_seconds(
+    inputs: PlanInputs,
+    cost: StepCost | None,
+    requests: int,
+    computed_prompt: int,
+    generated: int | None,
+    rate: float | None,
+) -> float | None:
+    sample, workers = inputs.sample, max(inputs.workers, 1)
+    if sample is None or not rate:
+        return None
+    if cost is None:  # no timed steps: one tokens/s figure
+        return (computed_prompt + (generated or 0)) / rate / workers + inputs.read_seconds / workers
+    per_worker = -(-requests // workers)
+    lengths = [min(g, inputs.max_tokens) for g in sample.generated_lengths]
+    engine = simulated_seconds(
+        cost,
+        per_worker,
+        -(-computed_prompt // workers),
+        lengths,
+        inputs.max_seqs or per_worker or 1,
+        inputs.token_budget or max(computed_prompt, 1),
+    )
+    return engine + inputs.read_seconds / workers
 
 
 def _kv_bytes(inputs: PlanInputs, generated: int | None, cached: int) -> tuple[int, int]:
@@ -241,6 +403,12 @@ def format_plan(plan: PlanEstimate) -> str:
         lines.append(
             f"throughput        {plan.engine_tokens_per_s:,.1f} engine tokens/s on this machine (sample)"
         )
+        if plan.step_cost is not None:
+            c = plan.step_cost
+            lines.append(
+                f"step cost         {c['fixed'] * 1e3:,.1f} ms + {c['per_prefill_token'] * 1e3:,.3f} ms per prompt "
+                f"token + {c['per_decode_row'] * 1e3:,.3f} ms per decode row (sample, fitted)"
+            )
         lines.append(f"wall time         about {_duration(plan.wall_seconds_estimate)}")
     available = "unknown" if plan.kv_bytes_available is None else _size(plan.kv_bytes_available)
     lines.append(

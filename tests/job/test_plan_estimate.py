@@ -9,9 +9,14 @@ from bulkrun.job.plan_estimate import (
     PlanInputs,
     PromptTokenStats,
     SampleRun,
+    StepCost,
+    StepTiming,
     cacheable_prefix,
     estimate_plan,
+    fit_step_cost,
     format_plan,
+    simulate_steps,
+    simulated_seconds,
 )
 from bulkrun.job.prices import Price
 
@@ -156,3 +161,78 @@ def test_format_plan_names_every_figure():
         "as of 2026-12-01",
     ):
         assert needle in text
+
+
+def timed_steps(cost, shapes):
+    """Steps of the given (prefill, decode) shapes that took exactly what `cost` says, after a slow
+    warm-up step."""
+    return (StepTiming(500, 0, 99.0),) + tuple(StepTiming(p, d, cost(p, d)) for p, d in shapes)
+
+
+def test_the_step_cost_fit_recovers_a_linear_cost():
+    truth = StepCost(fixed=0.05, per_prefill_token=0.001, per_decode_row=0.004)
+    steps = timed_steps(truth, [(1024, 0), (1000, 24), (200, 32), (0, 32), (0, 20), (0, 8)])
+    fit = fit_step_cost(steps)  # the warm-up step is left out, or the fixed cost would be far off
+    assert fit.fixed == pytest.approx(0.05) and fit.per_prefill_token == pytest.approx(0.001)
+    assert fit.per_decode_row == pytest.approx(0.004)
+
+
+def test_the_step_cost_fit_never_goes_negative():
+    # decode steps that got cheaper with more rows (noise): no negative per-row cost
+    steps = (StepTiming(0, 1, 1.0),) + tuple(StepTiming(0, d, 1.0 - d / 100) for d in (4, 8, 16, 32))
+    fit = fit_step_cost(steps)
+    assert min(fit.fixed, fit.per_prefill_token, fit.per_decode_row) >= 0
+    assert fit_step_cost(steps[:3]) is None  # too few steps left after the warm-up
+
+
+def test_simulated_steps_follow_the_scheduler():
+    # 3 requests of 10 prompt tokens generating 3 tokens, 2 at a time, 16 tokens a step:
+    # step 1 prefills the first and 6 of the second; its last chunk ends in step 2 with a decode of the first
+    assert simulate_steps([10, 10, 10], [3, 3, 3], max_seqs=2, token_budget=16) == [
+        (16, 0),
+        (4, 1),  # the first decodes; the second finishes its prompt; the third waits for a seat
+        (0, 2),  # the first finishes
+        (10, 1),  # the third is admitted and prefilled while the second decodes its last token
+        (0, 1),
+        (0, 1),
+    ]
+    assert sum(p for p, _ in simulate_steps([7] * 50, [5] * 50, 8, 64)) == 350
+    assert sum(d for _, d in simulate_steps([7] * 50, [5] * 50, 8, 64)) == 50 * 4
+
+
+def test_a_job_that_runs_more_at_once_is_estimated_by_its_step_shapes():
+    # a fixed cost per step dominates: 160 requests 128 at a time take far fewer steps per request
+    # than the 32-request sample suggests, so the estimate is not the sample's tokens/s scaled
+    cost = StepCost(fixed=0.1, per_prefill_token=0.0001, per_decode_row=0.001)
+    lengths = tuple([16] * 32)
+    shapes = simulate_steps([100] * 32, list(lengths), 128, 1024)
+    sample = SampleRun(
+        requests=32, prompt_tokens=3200, cached_prompt_tokens=0, generated_tokens=512,
+        seconds=sum(cost(p, d) for p, d in shapes), steps=timed_steps(cost, shapes), generated_lengths=lengths,
+    )  # fmt: skip
+    prompts = stats([[row] * 100 for row in range(160)])
+    plan = estimate_plan(
+        PlanInputs(
+            prompts, {}, max_tokens=16, sample=sample, max_seqs=128, token_budget=1024, read_seconds=2.0
+        )
+    )
+    job = sum(cost(p, d) for p, d in simulate_steps([100] * 160, [16] * 160, 128, 1024))
+    assert plan.wall_seconds_estimate == pytest.approx(job + 2.0)
+    assert plan.wall_seconds_estimate < 5 * sample.seconds + 2.0  # tokens/s would say 5 x the sample
+    assert plan.step_cost["fixed"] == pytest.approx(0.1)
+    assert "step cost         100.0 ms + 0.100 ms per prompt token + 1.000 ms per decode row" in format_plan(
+        plan
+    )
+    two = estimate_plan(
+        PlanInputs(prompts, {}, max_tokens=16, sample=sample, max_seqs=128, token_budget=1024, workers=2)
+    )
+    half = sum(cost(p, d) for p, d in simulate_steps([100] * 80, [16] * 80, 128, 1024))
+    assert two.wall_seconds_estimate == pytest.approx(half)
+
+
+def test_a_large_job_is_simulated_in_part_and_scaled():
+    cost = StepCost(fixed=0.01, per_prefill_token=0.0, per_decode_row=0.001)
+    small = simulated_seconds(cost, 8192, 8192 * 20, [4], max_seqs=64, token_budget=512)
+    large = simulated_seconds(cost, 81920, 81920 * 20, [4], max_seqs=64, token_budget=512)
+    assert large == pytest.approx(10 * small, rel=0.01)
+    assert simulated_seconds(cost, 0, 0, [4], 64, 512) == 0.0
