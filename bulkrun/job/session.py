@@ -241,8 +241,15 @@ def load_engine(spec: JobSpec, model_path: Path | None = None):
     if model_path is None:
         model_path, _ = resolve_model(spec)
     config = spec.engine_config()
-    try:
+    with _loading(model_path):
         return Engine.from_model(str(model_path), config)
+
+
+@contextmanager
+def _loading(model_path: Path):
+    """What loading a model directory raises, as the one-line ModelError (exit 5)."""
+    try:
+        yield
     except (ValueError, OSError, NotImplementedError) as exc:
         raise ModelError(f"cannot load model '{model_path}': {exc}") from None
 
@@ -257,15 +264,12 @@ class PromptSide:
 
 
 def load_prompt_side(spec: JobSpec, model_path: Path) -> PromptSide:
-    from transformers import AutoTokenizer
-
+    from bulkrun.engine.tokenizer import load_tokenizer  # the engine's own, so prompts tokenize alike
     from bulkrun.model.config import ModelConfig
 
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    with _loading(model_path):
+        tokenizer = load_tokenizer(model_path)
         max_len = ModelConfig.from_model_dir(model_path).max_model_len
-    except (ValueError, OSError, NotImplementedError) as exc:
-        raise ModelError(f"cannot load model '{model_path}': {exc}") from None
     return PromptSide(tokenizer, min(max_len, spec.max_model_len or max_len))
 
 
