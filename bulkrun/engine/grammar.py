@@ -136,6 +136,10 @@ def _path(parts) -> str:
     return "/" + "/".join(str(p) for p in parts)
 
 
+_PREPARED: dict[tuple, GrammarTokenizer] = {}
+_PREPARED_LOCK = threading.Lock()
+
+
 class GrammarTokenizer:
     """The model's tokenizer as the grammar engine sees it, with a fingerprint for cache keys.
     Preparing it costs about a second (it walks the whole vocabulary): make one per model."""
@@ -156,9 +160,14 @@ class GrammarTokenizer:
 
     @classmethod
     def from_hf(cls, tokenizer, vocab_size: int, eos_token_ids: list[int]) -> GrammarTokenizer:
-        """From a transformers fast tokenizer (its serialized backend, added tokens included)."""
-        backend = tokenizer.backend_tokenizer
-        return cls(backend.to_str(), vocab_size, eos_token_ids)
+        """From a transformers fast tokenizer (its serialized backend, added tokens included). One
+        per tokenizer and process: engines over the same model share it."""
+        tokenizer_json = tokenizer.backend_tokenizer.to_str()
+        key = (hashlib.sha256(tokenizer_json.encode()).hexdigest(), vocab_size, tuple(eos_token_ids))
+        with _PREPARED_LOCK:
+            if key not in _PREPARED:
+                _PREPARED[key] = cls(tokenizer_json, vocab_size, eos_token_ids)
+            return _PREPARED[key]
 
     @property
     def mask_words(self) -> int:
@@ -232,15 +241,27 @@ class MaskFiller:
 
     def fill(self, matchers: list[GrammarMatcher], bitmask: np.ndarray) -> None:
         """Row i of `bitmask` <- the allowed tokens of matchers[i]."""
-        if bitmask.dtype != np.int32 or bitmask.ndim != 2 or not bitmask.flags["C_CONTIGUOUS"]:
-            raise ValueError("bitmask must be a C-contiguous 2-D int32 array")
-        if len(matchers) > bitmask.shape[0]:
-            raise ValueError(f"{len(matchers)} matchers for a bitmask of {bitmask.shape[0]} rows")
+        self._check(matchers, bitmask)
         if matchers:
             pairs = [(m.ll, i) for i, m in enumerate(matchers)]
             self._executor.unsafe_compute_mask_ptr(
                 pairs, bitmask.ctypes.data, bitmask.shape[1] * 4, bitmask.shape[0]
             )
+
+    @staticmethod
+    def _check(matchers: list[GrammarMatcher], bitmask: np.ndarray) -> None:
+        if bitmask.dtype != np.int32 or bitmask.ndim != 2 or not bitmask.flags["C_CONTIGUOUS"]:
+            raise ValueError("bitmask must be a C-contiguous 2-D int32 array")
+        if len(matchers) > bitmask.shape[0]:
+            raise ValueError(f"{len(matchers)} matchers for a bitmask of {bitmask.shape[0]} rows")
+
+    def fill_here(self, matchers: list[GrammarMatcher], bitmask: np.ndarray) -> None:
+        """fill() on the calling thread alone: on the CPU, where a thread pool's workers (which
+        spin a while after each batch) would take cores from the model's forward."""
+        self._check(matchers, bitmask)
+        row_bytes = bitmask.shape[1] * 4
+        for i, m in enumerate(matchers):
+            m.ll.unsafe_compute_mask_ptr(bitmask.ctypes.data + i * row_bytes, row_bytes)
 
     def accept(self, matchers: list[GrammarMatcher], tokens: list[int]) -> list[bool]:
         """Advance every matcher by its token, in parallel."""

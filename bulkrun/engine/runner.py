@@ -74,7 +74,8 @@ class ModelRunner:
         self.onednn = self.device.type == "cpu" and pack_linears_for_cpu(self.model)
         cfg = self.model.cfg
         self.vocab_size = cfg.vocab_size
-        self.grammar_masks = GrammarMasks(cfg.vocab_size)  # constrained rows' masks (grammar_step.py)
+        # constrained rows' masks (grammar_step.py); overlapped with the forward only on a GPU
+        self.grammar_masks = GrammarMasks(cfg.vocab_size, overlap=self.device.type != "cpu")
         self.max_model_len = min(cfg.max_model_len, config.max_model_len or cfg.max_model_len)
         self.eos_token_ids = set(cfg.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:

@@ -97,3 +97,19 @@ def test_a_constraint_that_cannot_compile_fails_only_its_request(engine):
     outputs = {o.request_id: o for o in engine.stream(requests)}
     assert outputs["bad"].finish_reason == "error" and "cannot be compiled" in outputs["bad"].error
     assert outputs["good"].finish_reason != "error"
+
+
+def test_masks_filled_beside_the_forward_give_the_same_tokens(engine):
+    """The GPU fills masks on a side thread during the forward, the CPU before it: same tokens."""
+    from bulkrun.engine.grammar_step import GrammarMasks
+
+    runner = engine.runner
+    assert not runner.grammar_masks._overlap  # the CPU default
+    requests = constrained_requests(engine, 1.0, 4) + free_requests(engine)
+    want = {o.request_id: o.output_token_ids for o in engine.generate(requests)}
+    inline, runner.grammar_masks = runner.grammar_masks, GrammarMasks(runner.vocab_size, overlap=True)
+    try:
+        got = {o.request_id: o.output_token_ids for o in Engine(runner, engine.config).generate(requests)}
+    finally:
+        runner.grammar_masks = inline
+    assert got == want

@@ -171,7 +171,8 @@ def test_each_request_starts_from_its_own_state(cache, hf_tokenizer):
     assert b.num_accepted == 0 and not b.is_accepting and feed(b, hf_tokenizer, "no")
 
 
-def test_batched_fill_equals_one_row_at_a_time(cache, tokenizer, hf_tokenizer):
+@pytest.mark.parametrize("fill", [MaskFiller.fill, MaskFiller.fill_here], ids=["thread-pool", "calling-thread"])
+def test_batched_fill_equals_one_row_at_a_time(cache, tokenizer, hf_tokenizer, fill):
     specs = [ConstraintSpec.json_schema(TICKET), ConstraintSpec.json_schema(PERSON),
              ConstraintSpec.regex(r"[A-Z][a-z]+"), ConstraintSpec.choice(["red", "green"]), ConstraintSpec.json_object()]  # fmt: skip
     prefixes = ['{"subject":"Refund', '{"name":"A","age":4', "Hel", "", "{"]
@@ -179,7 +180,7 @@ def test_batched_fill_equals_one_row_at_a_time(cache, tokenizer, hf_tokenizer):
     for m, p in zip(matchers, prefixes, strict=True):
         assert feed(m, hf_tokenizer, p)
     batch = new_bitmask(len(matchers) + 2, tokenizer)  # spare rows stay untouched
-    MaskFiller().fill(matchers, batch)
+    fill(MaskFiller(), matchers, batch)
     vocab = tokenizer.vocab_size
     for i, m in enumerate(matchers):
         single = np.frombuffer(m.ll.compute_bitmask(), dtype=np.int32)
@@ -211,6 +212,8 @@ def test_fill_refuses_a_wrong_buffer(cache, tokenizer):
         MaskFiller().fill([m], np.zeros((1, tokenizer.mask_words), dtype=np.int64))
     with pytest.raises(ValueError, match="1 matchers for a bitmask of 0 rows"):
         MaskFiller().fill([m], new_bitmask(0, tokenizer))
+    with pytest.raises(ValueError, match="1 matchers for a bitmask of 0 rows"):
+        MaskFiller().fill_here([m], new_bitmask(0, tokenizer))
 
 
 def test_objects_are_closed_unless_the_schema_opens_them():
