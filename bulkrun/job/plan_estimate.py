@@ -11,7 +11,8 @@ Estimation model (stated so the bench can check it):
   always recomputes that one to get logits).
 - generated tokens: the bound is requests x max_tokens; the estimate is requests x the sample's mean.
 - wall time: the sample's steps, each timed with its shape (prefill tokens, decode rows), fit a step
-  cost = fixed + per prefill token + per decode row (least squares, no negative terms); the whole job
+  cost = fixed + per prefill token + per decode row (least squares, no negative terms; a decode row
+  costs what a prompt token does unless the sample's decode steps vary enough to tell); the whole job
   is then simulated step by step as the scheduler runs it (decodes first, then prompt chunks, within
   the job's token budget and running-request cap) and the costs summed, divided over the workers, plus
   the time plan's own read pass took (the job reads and tokenizes the same rows). A sample run at 32
@@ -102,28 +103,42 @@ WARMUP_STEPS = 1  # the sample's first steps pay one-off costs (allocations, laz
 
 
 def fit_step_cost(steps: Sequence[StepTiming]) -> StepCost | None:
-    """Least-squares step cost with no negative term (exact NNLS over the 3 terms' subsets); None
-    when fewer than 3 steps are left after the warm-up."""
+    """Least-squares step cost with no negative term; None when fewer than 3 steps are left after the
+    warm-up. A decode row's own cost can only be told from the fixed cost when the sample's decode
+    steps vary in size; a sample whose rows all decode together (the common case: similar prompts,
+    one max_tokens) cannot, and a free fit then splits them by noise (measured: per-row cost off 3x,
+    which a job running 5x as many rows at once multiplies). There a decode row is costed as a
+    prompt token (the same GEMM work per token), which the prompt chunks measure."""
     steps = list(steps[WARMUP_STEPS:])
     if len(steps) < 3:
         return None
-    rows = [(1.0, float(s.prefill_tokens), float(s.decode_rows)) for s in steps]
-    y = [s.seconds for s in steps]
-    best: tuple[float, list[float]] | None = None
-    for mask in range(1, 8):
-        used = [k for k in range(3) if mask >> k & 1]
+    decode = sorted({s.decode_rows for s in steps if s.decode_rows})
+    if len(decode) >= 3 and decode[-1] >= 2 * decode[0]:
+        rows = [(1.0, float(s.prefill_tokens), float(s.decode_rows)) for s in steps]
+        return StepCost(*_nonnegative_fit(rows, [s.seconds for s in steps]))
+    rows = [(1.0, float(s.prefill_tokens + s.decode_rows)) for s in steps]
+    fixed, per_token = _nonnegative_fit(rows, [s.seconds for s in steps])
+    return StepCost(fixed, per_token, per_token)
+
+
+def _nonnegative_fit(rows: list[tuple[float, ...]], y: list[float]) -> list[float]:
+    """Least squares with no negative coefficient: exact NNLS over the subsets of the columns."""
+    width = len(rows[0])
+    best: tuple[float, list[float]] = (math.inf, [0.0] * width)
+    for mask in range(1, 1 << width):
+        used = [k for k in range(width) if mask >> k & 1]
         coef = _least_squares([[r[k] for k in used] for r in rows], y)
         if coef is None or any(c < 0 for c in coef):
             continue
-        full = [0.0, 0.0, 0.0]
+        full = [0.0] * width
         for k, c in zip(used, coef, strict=True):
             full[k] = c
         residual = sum(
             (sum(f * x for f, x in zip(full, r, strict=True)) - t) ** 2 for r, t in zip(rows, y, strict=True)
         )
-        if best is None or residual < best[0] - 1e-15:
+        if residual < best[0] - 1e-15:
             best = (residual, full)
-    return StepCost(*best[1]) if best is not None else None
+    return best[1]
 
 
 def _least_squares(x: list[list[float]], y: list[float]) -> list[float] | None:

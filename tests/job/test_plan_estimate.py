@@ -200,10 +200,20 @@ def test_simulated_steps_follow_the_scheduler():
     assert sum(d for _, d in simulate_steps([7] * 50, [5] * 50, 8, 64)) == 50 * 4
 
 
+def test_decode_rows_cost_a_prompt_token_when_the_sample_cannot_tell_them_from_the_fixed_cost():
+    # every decode step of the sample has 32 rows: fixed and per-row cost are one number there
+    truth = StepCost(fixed=0.05, per_prefill_token=0.001, per_decode_row=0.004)
+    steps = timed_steps(truth, [(1024, 0), (1024, 0), (512, 0)] + [(0, 32)] * 8)
+    fit = fit_step_cost(steps)
+    assert fit.per_decode_row == fit.per_prefill_token == pytest.approx(0.001, rel=0.15)
+    assert fit(0, 32) == pytest.approx(truth(0, 32), rel=0.1)  # the shapes the sample saw stay close
+    assert fit(1024, 0) == pytest.approx(truth(1024, 0), rel=0.1)
+
+
 def test_a_job_that_runs_more_at_once_is_estimated_by_its_step_shapes():
     # a fixed cost per step dominates: 160 requests 128 at a time take far fewer steps per request
     # than the 32-request sample suggests, so the estimate is not the sample's tokens/s scaled
-    cost = StepCost(fixed=0.1, per_prefill_token=0.0001, per_decode_row=0.001)
+    cost = StepCost(fixed=0.1, per_prefill_token=0.001, per_decode_row=0.001)
     lengths = tuple([16] * 32)
     shapes = simulate_steps([100] * 32, list(lengths), 128, 1024)
     sample = SampleRun(
@@ -220,7 +230,7 @@ def test_a_job_that_runs_more_at_once_is_estimated_by_its_step_shapes():
     assert plan.wall_seconds_estimate == pytest.approx(job + 2.0)
     assert plan.wall_seconds_estimate < 5 * sample.seconds + 2.0  # tokens/s would say 5 x the sample
     assert plan.step_cost["fixed"] == pytest.approx(0.1)
-    assert "step cost         100.0 ms + 0.100 ms per prompt token + 1.000 ms per decode row" in format_plan(
+    assert "step cost         100.0 ms + 1.000 ms per prompt token + 1.000 ms per decode row" in format_plan(
         plan
     )
     two = estimate_plan(
