@@ -56,8 +56,27 @@ def main(argv: list[str] | None = None) -> int:
         code = EXIT_FATAL
     code = code if isinstance(code, int) else 0
     if argv is None:
-        sys.exit(code)
+        _exit(code)
     return code
+
+
+def _exit(code: int) -> None:
+    """End the process. Everything a job writes is committed (closed, renamed, fsynced) before its
+    command returns, so what is left is the interpreter's teardown: freeing the model, the KV cache
+    and torch's and oneDNN's state costs 0.7 s of a one-row job on the dev box, and nothing needs it.
+    A run that used Ray leaves its shutdown to the normal exit (Ray's atexit handler)."""
+    if "ray" in sys.modules:
+        sys.exit(code)
+    import logging
+    import os
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can reach the reader
+            pass
+    os._exit(code)
 
 
 def _interrupted() -> int:
