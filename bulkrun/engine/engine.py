@@ -109,6 +109,7 @@ class Engine:
         if not pipelined and self._in_flight is not None:
             finished, self._in_flight = self._land(*self._in_flight), None
         sched = self.scheduler.schedule()
+        sched.constrained = self.constrained.active
         launched = (sched, self._launch(sched)) if sched.requests else None
         if pipelined:
             landing, self._in_flight = self._in_flight, launched

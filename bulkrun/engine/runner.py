@@ -9,7 +9,9 @@ next step takes the inputs it needs from the previous step's token tensor on the
 from __future__ import annotations
 
 import logging
-from operator import attrgetter
+from collections.abc import Mapping
+from itertools import repeat
+from operator import attrgetter, is_
 
 import torch
 
@@ -95,7 +97,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.runs_asynchronously = self.device.type == "cuda"  # the engine's async default
         self._prev_tokens: torch.Tensor | None = None  # the last step's sampled tokens, on the device
-        self._prev_rows: dict[str, int] = {}  # request id -> row of _prev_tokens
+        self._prev_rows: Mapping[str, int] = {}  # request id -> row of _prev_tokens
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and config.cuda_graphs:
             self.graphs = DecodeGraphs.capture(self, graph_batch_sizes(self.limits.max_num_seqs))
@@ -128,11 +130,12 @@ class ModelRunner:
             index = torch.tensor(at, device=self.device)
             inputs.input_ids[index] = self._prev_tokens[torch.tensor(prev, device=self.device)]
         requests = inputs.sample_requests
-        masks = self.grammar_masks.start(requests)  # filled on a side thread during the forward
+        # the constrained rows' masks (none when the engine says no request is constrained)
+        masks = self.grammar_masks.start(requests) if out.constrained is not False else None
         h = self._final_hidden(inputs)
         tokens = self._sample(requests, h, inputs, result, masks)
         ids = list(map(_request_id, requests))
-        self._prev_tokens, self._prev_rows = tokens, dict(zip(ids, range(len(ids))))
+        self._prev_tokens, self._prev_rows = tokens, _RowOf(ids)
         return StepHandle(result, tokens, ids)
 
     def _final_hidden(self, inputs: StepInputs) -> torch.Tensor:
@@ -186,11 +189,11 @@ class ModelRunner:
 
     def _greedy_rows(self, requests: list) -> list[int]:
         """The sample rows whose token is the argmax and that ask for no log-probability."""
-        distinct = {id(p): p for p in map(_params, requests)}
-        if len(distinct) == 1:  # the common bulk case: one SamplingParams object for all
-            p = next(iter(distinct.values()))
+        params = list(map(_params, requests))
+        if params and all(map(is_, params, repeat(params[0]))):  # the common bulk case: one object for all
+            p = params[0]
             return list(range(len(requests))) if p.greedy and not p.logprobs else []
-        return [i for i, r in enumerate(requests) if r.params.greedy and not r.params.logprobs]
+        return [i for i, p in enumerate(params) if p.greedy and not p.logprobs]
 
     def _to_device(self, inputs: StepInputs) -> StepInputs:
         md = inputs.metadata
@@ -232,6 +235,28 @@ class ModelRunner:
         del scratch, logits, inputs
         torch.cuda.empty_cache()
         return peak
+
+
+class _RowOf(Mapping):
+    """Request id -> its row among a step's sample rows, the dict built only when a later step asks
+    (async scheduling, for the inputs still in flight): a synchronous step never pays for it."""
+
+    def __init__(self, ids: list[str]):
+        self._ids, self._rows = ids, None
+
+    def _index(self) -> dict[str, int]:
+        if self._rows is None:
+            self._rows = dict(zip(self._ids, range(len(self._ids))))
+        return self._rows
+
+    def __getitem__(self, request_id: str) -> int:
+        return self._index()[request_id]
+
+    def __iter__(self):
+        return iter(self._ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
 
 
 def _without_rows(h: torch.Tensor, rows: list[int]) -> torch.Tensor:

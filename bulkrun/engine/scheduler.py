@@ -50,7 +50,7 @@ class SchedulerOutput:
     __slots__ = (
         "requests", "starts", "num_tokens", "samples", "preempted", "failed", "released_request_ids",
         "num_scheduled_tokens", "num_decode_tokens", "num_prefix_hit_tokens", "step_index",
-        "slots", "epochs", "batch",
+        "slots", "epochs", "batch", "constrained",
     )  # fmt: skip
 
     def __init__(self, scheduled: Iterable[ScheduledRequest] = (), **fields):
@@ -71,6 +71,8 @@ class SchedulerOutput:
         self.slots: list[int] | None = None
         self.epochs: np.ndarray | None = None
         self.batch: RunningBatch | None = None
+        # set by the Engine: whether any request it holds is constrained (None: unknown, look)
+        self.constrained: bool | None = None
         if fields:
             raise TypeError(f"unknown SchedulerOutput fields: {sorted(fields)}")
         self.num_scheduled_tokens = 0
@@ -423,7 +425,7 @@ class Scheduler:
         rows that it finishes."""
         batch, requests = self.batch, out.requests
         slots = np.asarray(out.slots, dtype=np.int64)[rows]
-        reqs = [requests[i] for i in rows.tolist()]
+        reqs = list(map(requests.__getitem__, rows.tolist()))
         values = tokens.tolist()
         for ids, token in zip(map(_token_ids, reqs), values):
             ids.append(token)
@@ -434,7 +436,8 @@ class Scheduler:
             for req in reqs:
                 if req.params.logprobs:
                     req.output_logprobs.append(result.sampled_logprobs[req.request_id])
-        stop = np.isin(tokens, self._stop_id_array)
+        stop_ids = self._stop_id_array  # a few ids: one comparison each beats np.isin's sort
+        stop = (tokens[:, None] == stop_ids).any(axis=1) if len(stop_ids) <= 8 else np.isin(tokens, stop_ids)
         for j in np.flatnonzero(stop).tolist():
             stop[j] = values[j] in reqs[j].stop_token_set
         done = stop | (batch.num_tokens[slots] >= batch.length_limit[slots])
