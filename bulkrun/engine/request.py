@@ -29,7 +29,9 @@ class RequestKind(Enum):
 class Request:
     request_id: str
     params: SamplingParams
-    token_ids: list[int]  # prompt + generated so far (scoring child: prompt + continuation)
+    # prompt + generated so far (scoring child: prompt + continuation); read it as token_ids: while
+    # the request runs, its newest tokens may still wait in its RunningBatch slot
+    _token_list: list[int]
     num_prompt_tokens: int
     arrival: int  # admission order; preemption picks the newest running request
     kind: RequestKind = RequestKind.GENERATE
@@ -92,6 +94,16 @@ class Request:
             self._pending = value
         else:
             self.batch.pending[self.slot] = value
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Prompt + generated so far. The steady decode step appends each running request's token
+        to its batch slot (one vector operation for the whole batch); they join this list when it
+        is read, when the slot's buffer fills, or when the request leaves the batch."""
+        batch = self.batch
+        if batch is not None and batch.unsynced[self.slot]:
+            batch.sync_tokens(self)
+        return self._token_list
 
     @property
     def num_tokens(self) -> int:

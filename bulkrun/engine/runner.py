@@ -116,7 +116,7 @@ class ModelRunner:
         return self.num_blocks
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
-        return self.launch(out).result()
+        return self.launch(out).result(by_request_id=True)
 
     @torch.inference_mode()
     def launch(self, out: SchedulerOutput) -> StepHandle:
@@ -133,7 +133,9 @@ class ModelRunner:
         # the constrained rows' masks (none when the engine says no request is constrained)
         masks = self.grammar_masks.start(requests) if out.constrained is not False else None
         h = self._final_hidden(inputs)
-        tokens = self._sample(requests, h, inputs, result, masks)
+        # the running batch knows when every request takes the plain argmax: no per-row look
+        plain = out.batch is not None and out.batch.num_not_plain_greedy == 0
+        tokens = self._sample(requests, h, inputs, result, masks, plain)
         ids = list(map(_request_id, requests))
         self._prev_tokens, self._prev_rows = tokens, _RowOf(ids)
         return StepHandle(result, tokens, ids)
@@ -147,12 +149,13 @@ class ModelRunner:
         return self.model.final_hidden(inputs.input_ids, inputs.metadata, self.kv_cache.layers, inputs.logits_indices)
 
     def _sample(
-        self, requests: list, h: torch.Tensor, inputs: StepInputs, result: RunnerOutput, masks: StepMasks | None
+        self, requests: list, h: torch.Tensor, inputs: StepInputs, result: RunnerOutput, masks: StepMasks | None,
+        all_plain_greedy: bool = False,
     ) -> torch.Tensor:
         """Tokens of the sample rows (h's first len(requests) rows), left on the device; fills
         result's log-probabilities and scores. Constrained rows sample from masked logits."""
         n = len(requests)
-        greedy = self._greedy_rows(requests)
+        greedy = list(range(n)) if all_plain_greedy else self._greedy_rows(requests)
         tokens = torch.empty(n, dtype=torch.long, device=h.device)
         if self.greedy_head is not None and greedy:
             if len(greedy) == n:
@@ -280,11 +283,14 @@ class StepHandle:
             self._event = torch.cuda.Event()
             self._event.record()
 
-    def result(self) -> RunnerOutput:
+    def result(self, by_request_id: bool = False) -> RunnerOutput:
+        """The step's output, its tokens in sample-row order (what the scheduler reads); with
+        `by_request_id` also keyed by request id (a dict of every row: for callers that want it)."""
         if self._tokens is not None:
             if self._event is not None:
                 self._event.synchronize()
-            tokens = self._result.sampled_tokens = self._tokens.tolist()
-            self._result.sampled = dict(zip(self._ids, tokens))
+            self._result.sampled_tokens = self._tokens.tolist()
             self._tokens = None
+        if by_request_id and self._result.sampled_tokens is not None and not self._result.sampled:
+            self._result.sampled = dict(zip(self._ids, self._result.sampled_tokens))
         return self._result

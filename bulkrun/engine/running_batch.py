@@ -4,9 +4,10 @@ The steady decode step touches every running request: advance its computed token
 token it sampled, check its stop and length limits, find its next input and KV slot. Held here as
 arrays, that is a handful of vector operations per step instead of a Python loop over requests
 (vLLM v1's InputBatch). A request's Python object stays the owner of its token list and block
-list; the counters that change every step (computed and pending tokens) live in its slot while it
-runs (Request reads them from here), and the rest is a mirror refreshed at the rare events: a new
-block, admission, finish, preemption, a block offered to the prefix cache.
+list; the counters that change every step (computed and pending tokens) and its newest tokens (up to
+UNSYNCED_TOKENS of them) live in its slot while it runs (Request reads them from here), and the
+rest is a mirror refreshed at the rare events: a new block, admission, finish, preemption, a block
+offered to the prefix cache.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 from bulkrun.engine.request import Request
 
 _NEVER = np.iinfo(np.int64).max
+UNSYNCED_TOKENS = 32  # a slot's newest tokens kept here before they join the request's list
 
 
 class RunningBatch:
@@ -36,6 +38,12 @@ class RunningBatch:
         self.epoch = np.zeros(n, np.int64)  # bumped when a slot changes owner: stale results are void
         self.num_blocks = np.zeros(n, np.int64)  # len(block_table) copied into `tables`
         self.tables = np.zeros((n, max_blocks), np.int32)
+        self.new_tokens = np.zeros((n, UNSYNCED_TOKENS), np.int64)  # landed, not yet in the list
+        self.unsynced = np.zeros(n, np.int64)
+        self.owner: list[Request | None] = [None] * n
+        # running requests that do not take the plain argmax (sampled, or asking for logprobs):
+        # none, and the runner skips looking at every row's parameters
+        self.num_not_plain_greedy = 0
         self.free_slots = list(range(n - 1, -1, -1))
 
     # ---- slots ----------------------------------------------------------------------------------
@@ -45,6 +53,9 @@ class RunningBatch:
         slot = self.free_slots.pop()
         computed, pending = req.num_computed_tokens, req.num_pending_tokens
         req.slot, req.batch = slot, self
+        self.owner[slot] = req
+        self.unsynced[slot] = 0
+        self.num_not_plain_greedy += not _plain_greedy(req)
         self.computed[slot], self.pending[slot] = computed, pending
         self.num_prompt[slot] = req.num_prompt_tokens
         self.compute_limit[slot] = -1 if req.compute_limit is None else req.compute_limit
@@ -57,12 +68,34 @@ class RunningBatch:
         slot = req.slot
         if slot < 0:
             return
+        if self.unsynced[slot]:
+            self.sync_tokens(req)
         computed, pending = int(self.computed[slot]), int(self.pending[slot])
         req.slot, req.batch = -1, None
+        self.owner[slot] = None
+        self.num_not_plain_greedy -= not _plain_greedy(req)
         req.num_computed_tokens, req.num_pending_tokens = computed, pending
         self.epoch[slot] += 1
         self.scheduled_in_step[slot] = -1
         self.free_slots.append(slot)
+
+    def append_tokens(self, slots: np.ndarray, tokens: np.ndarray) -> None:
+        """One landed token for each of `slots` (distinct): kept in the slots, moved into the
+        requests' lists when a slot's buffer is full (every UNSYNCED_TOKENS steps)."""
+        at = self.unsynced[slots]
+        self.new_tokens[slots, at] = tokens
+        self.unsynced[slots] = at + 1
+        self.num_tokens[slots] += 1
+        self.last_token[slots] = tokens
+        for slot in slots[at + 1 == UNSYNCED_TOKENS].tolist():
+            self.sync_tokens(self.owner[slot])
+
+    def sync_tokens(self, req: Request) -> None:
+        """Move the slot's waiting tokens into req's token list."""
+        slot = req.slot
+        count = int(self.unsynced[slot])
+        req._token_list.extend(self.new_tokens[slot, :count].tolist())
+        self.unsynced[slot] = 0
 
     def refresh(self, req: Request) -> None:
         """Mirror what changed on the request outside the steady path (its tokens, new blocks,
@@ -86,3 +119,7 @@ class RunningBatch:
     def refresh_hashed(self, req: Request) -> None:
         if self.caching:
             self.next_hash_end[req.slot] = (req.num_hashed_blocks + 1) * self.block_size
+
+
+def _plain_greedy(req: Request) -> bool:
+    return req.params.greedy and not req.params.logprobs

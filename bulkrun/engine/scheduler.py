@@ -50,7 +50,7 @@ class SchedulerOutput:
     __slots__ = (
         "requests", "starts", "num_tokens", "samples", "preempted", "failed", "released_request_ids",
         "num_scheduled_tokens", "num_decode_tokens", "num_prefix_hit_tokens", "step_index",
-        "slots", "epochs", "batch", "constrained",
+        "slots", "epochs", "batch", "constrained", "_arrays",
     )  # fmt: skip
 
     def __init__(self, scheduled: Iterable[ScheduledRequest] = (), **fields):
@@ -73,6 +73,7 @@ class SchedulerOutput:
         self.batch: RunningBatch | None = None
         # set by the Engine: whether any request it holds is constrained (None: unknown, look)
         self.constrained: bool | None = None
+        self._arrays: dict[str, np.ndarray] = {}
         if fields:
             raise TypeError(f"unknown SchedulerOutput fields: {sorted(fields)}")
         self.num_scheduled_tokens = 0
@@ -88,6 +89,7 @@ class SchedulerOutput:
     @scheduled.setter
     def scheduled(self, items: Iterable[ScheduledRequest]) -> None:
         items = list(items)
+        self._arrays = {}
         self.requests = [s.request for s in items]
         self.starts = [s.start for s in items]
         self.num_tokens = [s.num_tokens for s in items]
@@ -96,6 +98,14 @@ class SchedulerOutput:
 
     def __len__(self) -> int:
         return len(self.requests)
+
+    def array(self, name: str) -> np.ndarray:
+        """The per-row list `name` (slots, starts, num_tokens or samples) as a numpy array, made
+        once per step: the lists are final once the scheduler returns. Read-only by convention."""
+        arrays = self._arrays
+        if name not in arrays:
+            arrays[name] = np.asarray(getattr(self, name), dtype=bool if name == "samples" else np.int64)
+        return arrays[name]
 
     def add(self, req: Request, start: int, n: int, sample: bool) -> None:
         self.requests.append(req)
@@ -391,17 +401,17 @@ class Scheduler:
         if not out.requests:
             return finished
         batch, requests = self.batch, out.requests
-        slots = np.asarray(out.slots, dtype=np.int64)
+        slots = out.array("slots")
         # a row whose request was preempted or finished since the step was scheduled is void
         valid = batch.epoch[slots] == out.epochs
-        sampled = np.asarray(out.samples, dtype=bool)
+        sampled = out.array("samples")
         scored = valid & ~sampled & (batch.compute_limit[slots] >= 0)
         rows = np.flatnonzero(sampled)  # the runner's sample rows, in order
         tokens = _sampled_tokens(result, requests, rows)
         keep = valid[rows]
         rows, tokens = rows[keep], tokens[keep]
         events = self._append_tokens(out, rows, tokens, result)
-        ends = np.asarray(out.starts, dtype=np.int64) + np.asarray(out.num_tokens, dtype=np.int64)
+        ends = out.array("starts") + out.array("num_tokens")
         for i in np.flatnonzero(valid & (ends >= batch.next_hash_end[slots])).tolist():
             req = requests[i]  # a block of it is full: offer it to the prefix cache
             self.kv.cache_full_blocks(req, int(ends[i]))
@@ -421,25 +431,21 @@ class Scheduler:
         return finished
 
     def _append_tokens(self, out: SchedulerOutput, rows: np.ndarray, tokens: np.ndarray, result: RunnerOutput):
-        """Append each valid sample row's token to its request; (row, "stop" | "length") for the
-        rows that it finishes."""
+        """Append each valid sample row's token to its request (in its batch slot: no Python per
+        row); (row, "stop" | "length") for the rows that it finishes."""
         batch, requests = self.batch, out.requests
-        slots = np.asarray(out.slots, dtype=np.int64)[rows]
-        reqs = list(map(requests.__getitem__, rows.tolist()))
-        values = tokens.tolist()
-        for ids, token in zip(map(_token_ids, reqs), values):
-            ids.append(token)
+        slots = out.array("slots")[rows]
         batch.pending[slots] -= 1
-        batch.num_tokens[slots] += 1
-        batch.last_token[slots] = tokens
+        batch.append_tokens(slots, tokens)
         if result.sampled_logprobs:
-            for req in reqs:
+            for i in rows.tolist():
+                req = requests[i]
                 if req.params.logprobs:
                     req.output_logprobs.append(result.sampled_logprobs[req.request_id])
         stop_ids = self._stop_id_array  # a few ids: one comparison each beats np.isin's sort
         stop = (tokens[:, None] == stop_ids).any(axis=1) if len(stop_ids) <= 8 else np.isin(tokens, stop_ids)
         for j in np.flatnonzero(stop).tolist():
-            stop[j] = values[j] in reqs[j].stop_token_set
+            stop[j] = int(tokens[j]) in requests[rows[j]].stop_token_set
         done = stop | (batch.num_tokens[slots] >= batch.length_limit[slots])
         return [(int(rows[j]), "stop" if stop[j] else "length") for j in np.flatnonzero(done).tolist()]
 
@@ -496,7 +502,6 @@ class Scheduler:
 
 
 _slot = attrgetter("slot")
-_token_ids = attrgetter("token_ids")
 
 
 def _first(pair):

@@ -139,8 +139,8 @@ class StepState:
         """A step in which every row computes one token, from the scheduler's RunningBatch: its
         block tables and last tokens are there already, so no Python runs per row."""
         batch = sched.batch
-        rows = np.asarray(sched.slots, dtype=np.int64)
-        starts = np.asarray(sched.starts, dtype=np.int64)
+        rows = sched.array("slots")
+        starts = sched.array("starts")
         landed = batch.num_tokens[rows]
         ids = batch.last_token[rows]  # the input at start == landed - 1, the usual case
         late: list[tuple[int, int]] = []
@@ -168,9 +168,9 @@ class StepState:
             tables = self.tables
             width = max(1, max(map(self.filled.__getitem__, rows), default=1))
         num_rows = len(rows)
-        rows_np = np.array(rows, dtype=np.int64)
-        start_np = np.array(sched.starts, dtype=np.int64)
-        size_np = np.array(sched.num_tokens, dtype=np.int64)
+        rows_np = np.asarray(rows, dtype=np.int64)
+        start_np = sched.array("starts").copy()  # becomes the positions tensor
+        size_np = sched.array("num_tokens")
         ends = np.cumsum(size_np)
         total = int(ends[-1]) if num_rows else 0
         decode_only = total == num_rows
@@ -183,7 +183,7 @@ class StepState:
         slots = tables[seq_rows, positions // bs].astype(np.int64) * bs + positions % bs
         query_start_loc = np.zeros(num_rows + 1, dtype=np.int32)
         query_start_loc[1:] = ends
-        sample_mask = np.array(sched.samples, dtype=bool)
+        sample_mask = sched.array("samples")
         sample_rows = (ends - 1)[sample_mask] if num_rows else ends
         scores = ScoreRows()
         if scoring:
