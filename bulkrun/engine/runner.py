@@ -289,8 +289,8 @@ class StepHandle:
         if self._tokens is not None:
             if self._event is not None:
                 self._event.synchronize()
-            self._result.sampled_tokens = self._tokens.tolist()
+            self._result.sampled_tokens = self._tokens.numpy()  # host memory (pinned on CUDA)
             self._tokens = None
         if by_request_id and self._result.sampled_tokens is not None and not self._result.sampled:
-            self._result.sampled = dict(zip(self._ids, self._result.sampled_tokens))
+            self._result.sampled = dict(zip(self._ids, self._result.sampled_tokens.tolist()))
         return self._result

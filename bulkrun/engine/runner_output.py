@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -10,8 +11,9 @@ class RunnerOutput:
     # request_id -> the new token, for every ScheduledRequest with sample=True (ModelRunner fills
     # it only for execute(): the engine reads sampled_tokens)
     sampled: dict[str, int] = field(default_factory=dict)
-    # the same tokens in the order of the step's sample rows, where the runner has them so
-    sampled_tokens: list[int] | None = None
+    # the same tokens in the order of the step's sample rows, where the runner has them so (a
+    # list or an int64 numpy array)
+    sampled_tokens: Sequence[int] | None = None
     # request_id -> log-probability of that token (only for requests with params.logprobs)
     sampled_logprobs: dict[str, float] = field(default_factory=dict)
     # request_id -> log-probabilities of token_ids[p + 1] for each computed position p of this chunk

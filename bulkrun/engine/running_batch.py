@@ -90,6 +90,20 @@ class RunningBatch:
         for slot in slots[at + 1 == UNSYNCED_TOKENS].tolist():
             self.sync_tokens(self.owner[slot])
 
+    def append_blocks(self, slots: np.ndarray, blocks: list[int]) -> None:
+        """One new block at the end of each of `slots`' tables (distinct slots), as the requests'
+        block lists got them."""
+        at = self.num_blocks[slots]
+        if int(at.max()) >= self.tables.shape[1]:
+            self._widen(int(at.max()) + 1)
+        self.tables[slots, at] = blocks
+        self.num_blocks[slots] = at + 1
+
+    def _widen(self, width: int) -> None:
+        wider = np.zeros((self.tables.shape[0], max(width, 2 * self.tables.shape[1])), np.int32)
+        wider[:, : self.tables.shape[1]] = self.tables
+        self.tables = wider
+
     def sync_tokens(self, req: Request) -> None:
         """Move the slot's waiting tokens into req's token list."""
         slot = req.slot
@@ -108,17 +122,20 @@ class RunningBatch:
         if len(table) < have:
             have = 0
         if len(table) > self.tables.shape[1]:
-            wider = np.zeros((self.tables.shape[0], max(len(table), 2 * self.tables.shape[1])), np.int32)
-            wider[:, : self.tables.shape[1]] = self.tables
-            self.tables = wider
+            self._widen(len(table))
         if len(table) > have:
             self.tables[slot, have : len(table)] = table[have:]
         self.num_blocks[slot] = len(table)
         self.refresh_hashed(req)
 
     def refresh_hashed(self, req: Request) -> None:
+        """Where the request's next block to offer the prefix cache ends. A generating request's
+        blocks past its prompt are offered only if it is preempted (scheduler._preempt): a batch
+        job reads generated tokens again only to recompute a preempted request, and hashing them
+        as they fill cost the steady decode step a Python call for every 16th row."""
         if self.caching:
-            self.next_hash_end[req.slot] = (req.num_hashed_blocks + 1) * self.block_size
+            end = (req.num_hashed_blocks + 1) * self.block_size
+            self.next_hash_end[req.slot] = _NEVER if req.generates and end > req.num_prompt_tokens else end
 
 
 def _plain_greedy(req: Request) -> bool:

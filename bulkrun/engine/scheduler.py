@@ -259,7 +259,9 @@ class Scheduler:
             budget -= self._schedule(req, n, out)
         if not out.preempted:
             self._admit(budget, out)
-        out.epochs = self.batch.epoch[out.slots]
+        if out._arrays and len(out._arrays["slots"]) != len(out.requests):
+            out._arrays = {}  # rows were added after the decodes: convert the lists when asked
+        out.epochs = self.batch.epoch[out.array("slots")]
         return out
 
     def _schedule_decodes(self, out: SchedulerOutput) -> list[Request]:
@@ -282,7 +284,14 @@ class Scheduler:
             pos = pos[:budget]
             visited = int(pos[-1]) + 1
         chunks = [running[i] for i in np.flatnonzero((remaining[:visited] > 1) & open_[:visited]).tolist()]
-        for p in pos[computed[pos] >= batch.num_blocks[rs[pos]] * bs].tolist():
+        grow = pos[computed[pos] >= batch.num_blocks[rs[pos]] * bs]  # rows whose blocks are full
+        blocks = self.kv.pool.allocate(len(grow)) if len(grow) else None
+        if blocks is not None:  # the usual case, one new block each, as vector operations
+            for req, block in zip(map(running.__getitem__, grow.tolist()), blocks):
+                req.block_table.append(block)
+            batch.append_blocks(rs[grow], blocks)
+            grow = grow[:0]
+        for p in grow.tolist():  # not enough free blocks: row by row, preempting the newest
             if p >= len(running):
                 break  # preempted to make room for an older row
             req = running[p]
@@ -297,11 +306,15 @@ class Scheduler:
         batch.scheduled_in_step[slots] = out.step_index
         samples = generating[pos]
         batch.pending[slots[samples]] += 1
-        out.requests.extend(map(running.__getitem__, pos.tolist()))
-        out.starts.extend(computed[pos].tolist())
+        starts = computed[pos]
+        # every running row decodes (the steady state): they are the running list itself
+        out.requests.extend(running if len(pos) == len(running) else map(running.__getitem__, pos.tolist()))
+        out.starts.extend(starts.tolist())
         out.num_tokens.extend([1] * len(pos))
         out.samples.extend(samples.tolist())
         out.slots.extend(slots.tolist())
+        # the same rows as arrays, kept for the step's readers while no other rows follow them
+        out._arrays = {"slots": slots, "starts": starts, "num_tokens": np.ones(len(pos), np.int64), "samples": samples}
         out.num_scheduled_tokens += len(pos)
         out.num_decode_tokens += int(np.count_nonzero(samples & (computed[pos] >= batch.num_prompt[slots])))
         return chunks
@@ -330,6 +343,8 @@ class Scheduler:
         return True
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        if self.kv.caching:  # its generated blocks, so its recompute finds them (refresh_hashed)
+            self.kv.cache_full_blocks(req)
         self.kv.free(req)
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1

@@ -143,6 +143,25 @@ def test_newest_running_request_is_preempted_and_recomputed(make_scheduler):
     assert runner.pool.num_used_blocks == 0
 
 
+def test_generated_blocks_reach_the_prefix_cache_only_when_preempted(make_scheduler):
+    # b's 11 prompt tokens fill 2 blocks; it is preempted with a third full of generated tokens,
+    # which survives as a's growth takes b's partial tail block (freed blocks: tail first)
+    sched, runner = make_scheduler(num_blocks=7, block_size=4, budget=64)
+    a = sched.add_request(gen("a", range(1, 10), max_tokens=10))
+    b = sched.add_request(gen("b", range(20, 31), max_tokens=10))
+    out = None
+    while out is None or not out.preempted:
+        for r in (a, b):  # while running, only blocks of prompt tokens are offered
+            assert r.num_hashed_blocks * 4 <= r.num_prompt_tokens
+        out, _ = step(sched, runner)
+    assert out.preempted == [b] and b.num_output_tokens >= 4
+    full = len(b.token_ids) // 4  # its generated tokens fill at least one more block
+    assert full * 4 > b.num_prompt_tokens and len(b.block_hashes) == full
+    assert len(runner.pool.lookup_prefix(b.block_hashes)) == full  # all offered as it was preempted
+    run_to_completion(sched, runner)
+    assert b.output_token_ids == reference_generation(list(range(20, 31)), 10)
+
+
 def test_preempted_request_keeps_its_tokens_and_goes_first(make_scheduler):
     sched, runner = make_scheduler(num_blocks=5, block_size=4, budget=64, caching=False)
     sched.add_request(gen("a", range(1, 9), max_tokens=8))
