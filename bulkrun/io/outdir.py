@@ -98,7 +98,18 @@ class OutDir:
             from pyarrow import fs as pafs
 
             selector = pafs.FileSelector(self.path(rel), allow_not_found=True)
-            infos = self._fs.get_file_info(selector)
+            for attempt in range(3):
+                try:
+                    infos = self._fs.get_file_info(selector)
+                    break
+                except FileNotFoundError:
+                    # seen on a file:// output under load while another worker created the folder:
+                    # the listing raced its creation. Absent is "does not exist"; present, look again
+                    # (never [] for a folder that exists: its shards would be redone)
+                    if not self.exists(rel):
+                        return []
+                    if attempt == 2:
+                        raise
             return sorted(posixpath.basename(i.path) for i in infos if i.type == pafs.FileType.File)
         try:
             names = os.listdir(self.path(rel))

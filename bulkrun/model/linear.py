@@ -22,6 +22,11 @@ from torch import nn
 
 PANEL = 32  # columns per panel of the native small_gemm layout
 SMALL_ROWS = 128  # at or below this many rows the panel kernel beats oneDNN here
+# oneDNN builds (JIT-compiles) a kernel for every new row count, 1-10 ms each per weight shape, and
+# a decode batch that shrinks as requests finish meets a new count nearly every step: a 48-prompt job
+# paid ~1 s for it. Decode-sized inputs are padded to a multiple of ROW_BUCKET rows (free at these
+# sizes: a decode step streams the weights whatever the rows); larger ones, compute-bound, are not.
+ROW_BUCKET = 8
 
 
 def onednn_available() -> bool:
@@ -71,6 +76,11 @@ class Linear(nn.Module):
         if self.panels is not None and (self.packed is None or x.shape[0] <= SMALL_ROWS):
             return self._small_gemm(x)
         if self.packed is not None:
+            rows = x.shape[0]
+            if rows <= SMALL_ROWS and rows % ROW_BUCKET:
+                padded = x.new_zeros(rows + ROW_BUCKET - rows % ROW_BUCKET, x.shape[1])
+                padded[:rows] = x
+                return torch.ops.mkldnn._linear_pointwise(padded, self.packed, self.bias, "none", [], "")[:rows]
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
