@@ -10,8 +10,9 @@ the machine's matmul rate bulkrun reached; the gain of prefix caching on a long 
 
     .venv/bin/python bench/engine_bench.py [--prompts 48] [--max-new 64] [--repeats 3] [--no-prefix-check]
 
-The machine is noisy, so the in-process bulkrun runs and the static-16 peers run --repeats times
-(medians compared); the CLI and generate_batch run once.
+The machine is noisy and its speed drifts, so the CLI, the engine in its default mode and static-16
+in both precisions run in --repeats alternating rounds (medians compared); generate_batch and
+bulkrun fp32 run once.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=48)
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument(
-        "--repeats", type=int, default=3, help="runs of in-process bulkrun and static-16 (median)"
+        "--repeats", type=int, default=3, help="alternating rounds of the CLI, the engine and static-16 (medians)"
     )
     ap.add_argument("--no-prefix-check", action="store_true", help="skip the prefix-caching part")
     args = ap.parse_args()
@@ -148,35 +149,43 @@ def main() -> None:
             outputs[name] = result[2]
         print(f"  {name:<48} {result[1]:>6} tokens in {result[0]:7.1f} s", flush=True)
 
-    def median_of(run, *run_args) -> tuple:
-        results = [run(*run_args) for _ in range(args.repeats)]
-        print(f"    runs: {', '.join(f'{r[0]:.1f} s' for r in results)}", flush=True)
-        return statistics.median(r[0] for r in results), *results[0][1:]
-
+    # The box's speed drifts by a third within minutes, so the systems that decide the ratio (the CLI,
+    # the engine in its default mode, static-16 in both precisions) run in alternating rounds and
+    # their medians are compared; generate_batch (far behind) and bulkrun fp32 run once.
     cli_name = f"bulkrun CLI, {engine.dtype} (start-up included)"
-    record(cli_name, run_cli(texts, args.max_new, None))
+    ours_name = f"bulkrun engine, {engine.dtype}"
+    hf = {
+        dtype: AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+        for dtype in ("float32", "bfloat16")
+    }
+    peers = [f"transformers {kind}, {dtype}" for dtype in hf for kind in ("static batch 16", "generate_batch")]
     run_bulkrun(engine, prompts[:4], 4)  # warm-up
-    record(f"bulkrun engine, {engine.dtype}", median_of(run_bulkrun, engine, prompts, args.max_new))
+    rounds: dict[str, list[tuple]] = {}
+    for r in range(args.repeats):
+        print(f"  round {r + 1} of {args.repeats}", flush=True)
+        rounds.setdefault(cli_name, []).append(run_cli(texts, args.max_new, None))
+        rounds.setdefault(ours_name, []).append(run_bulkrun(engine, prompts, args.max_new))
+        with torch.inference_mode():
+            for dtype, model in hf.items():
+                result = run_hf_static(model, prompts, args.max_new, eos, pad_id)
+                rounds.setdefault(f"transformers static batch 16, {dtype}", []).append(result)
+        print("    " + ", ".join(f"{name.removeprefix('transformers ')} {runs[-1][0]:.1f} s"
+                                 for name, runs in rounds.items()), flush=True)  # fmt: skip
+    for name, runs in rounds.items():
+        print(f"    {name}: runs {', '.join(f'{x[0]:.1f} s' for x in runs)}")
+        record(name, (statistics.median(x[0] for x in runs), *runs[0][1:]))
+    with torch.inference_mode():
+        for dtype, model in hf.items():
+            record(
+                f"transformers generate_batch, {dtype}",
+                run_hf_generate_batch(model, prompts, args.max_new, eos_id, pad_id),
+            )
+    del hf
     if engine.dtype != "float32":
         del engine
         engine = Engine.from_model(str(model_dir), EngineConfig(dtype="float32"))
         run_bulkrun(engine, prompts[:4], 4)
         record("bulkrun engine, float32", run_bulkrun(engine, prompts, args.max_new))
-    peers = []
-    for dtype in (torch.float32, torch.bfloat16):
-        name = str(dtype).removeprefix("torch.")
-        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
-        with torch.inference_mode():
-            record(
-                f"transformers static batch 16, {name}",
-                median_of(run_hf_static, hf, prompts, args.max_new, eos, pad_id),
-            )
-            record(
-                f"transformers generate_batch, {name}",
-                run_hf_generate_batch(hf, prompts, args.max_new, eos_id, pad_id),
-            )
-        peers += [f"transformers static batch 16, {name}", f"transformers generate_batch, {name}"]
-        del hf
 
     rate = {name: gen / secs for name, secs, gen in rows}
     fastest = max(peers, key=rate.get)
