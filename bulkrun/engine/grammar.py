@@ -26,11 +26,12 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import jsonschema
-import llguidance
 import numpy as np
+
+if TYPE_CHECKING:
+    import llguidance
 
 ConstraintKind = Literal["json_schema", "json_object", "regex", "choice"]
 # No whitespace outside strings and compact separators: a model cannot loop on spaces or newlines
@@ -61,6 +62,8 @@ class ConstraintSpec:
                 raise GrammarError(f"JSON schema is not valid JSON: {e}") from None
         if not isinstance(schema, dict):
             raise GrammarError(f"a JSON schema must be an object, got {type(schema).__name__}")
+        import jsonschema  # here, not at the top: a job without constraints never loads it
+
         try:
             jsonschema.validators.validator_for(schema).check_schema(schema)
         except jsonschema.SchemaError as e:
@@ -96,6 +99,8 @@ class ConstraintSpec:
 
     def grammar_text(self) -> str:
         """The llguidance grammar for this spec (no tokenizer needed)."""
+        import llguidance
+
         m = llguidance.LLMatcher
         if self.kind == "regex":
             return m.grammar_from_regex(self.value)
@@ -147,6 +152,8 @@ class GrammarTokenizer:
     def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: list[int]):
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
+        import llguidance
+
         self.ll = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=self.eos_token_ids)
         digest = hashlib.sha256(tokenizer_json.encode())
         digest.update(json.dumps([vocab_size, self.eos_token_ids]).encode())
@@ -237,6 +244,8 @@ class MaskFiller:
     (so run it on a side thread to overlap the model's forward)."""
 
     def __init__(self, num_threads: int | None = None):
+        import llguidance
+
         self._executor = llguidance.LLExecutor(num_threads)
 
     def fill(self, matchers: list[GrammarMatcher], bitmask: np.ndarray) -> None:
@@ -323,6 +332,8 @@ def _compile(spec: ConstraintSpec, tokenizer: GrammarTokenizer) -> CompiledGramm
         text = spec.grammar_text()
     except ValueError as e:
         raise GrammarError(f"{spec.kind} constraint: {e}") from None
+    import llguidance
+
     start = llguidance.LLMatcher(tokenizer.ll, text, log_level=0)
     if not start.is_error():
         start.compute_bitmask()

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
-
-import jsonschema
+from typing import TYPE_CHECKING, Any, Literal
 
 from bulkrun.engine.grammar import ConstraintSpec
+
+if TYPE_CHECKING:
+    import jsonschema
 
 Problem = Literal["truncated", "invalid"]
 
@@ -50,6 +51,8 @@ def _failure(spec: ConstraintSpec, text: str) -> str | None:
         value = json.loads(text)
     except ValueError as e:
         return f"not valid JSON: {e}"
+    import jsonschema  # here: a job without a JSON constraint never loads it
+
     validator = jsonschema.validators.validator_for(spec.schema)(
         spec.schema, format_checker=jsonschema.FormatChecker()
     )

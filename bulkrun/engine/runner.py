@@ -292,5 +292,5 @@ class StepHandle:
             self._result.sampled_tokens = self._tokens.numpy()  # host memory (pinned on CUDA)
             self._tokens = None
         if by_request_id and self._result.sampled_tokens is not None and not self._result.sampled:
-            self._result.sampled = dict(zip(self._ids, self._result.sampled_tokens.tolist()))
+            self._result.sampled = dict(zip(self._ids, self._result.sampled_tokens.tolist(), strict=True))
         return self._result

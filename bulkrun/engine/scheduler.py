@@ -287,7 +287,7 @@ class Scheduler:
         grow = pos[computed[pos] >= batch.num_blocks[rs[pos]] * bs]  # rows whose blocks are full
         blocks = self.kv.pool.allocate(len(grow)) if len(grow) else None
         if blocks is not None:  # the usual case, one new block each, as vector operations
-            for req, block in zip(map(running.__getitem__, grow.tolist()), blocks):
+            for req, block in zip(map(running.__getitem__, grow.tolist()), blocks, strict=True):
                 req.block_table.append(block)
             batch.append_blocks(rs[grow], blocks)
             grow = grow[:0]

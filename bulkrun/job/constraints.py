@@ -82,4 +82,9 @@ def compile_job_constraint(spec, constraint: ConstraintSpec | None, engine):
             constrained.cache.compile(constraint)
         except GrammarError as exc:
             raise UsageError(f"{_given(spec)[0]}: {exc}") from None
-    return constrained.cache.compile
+
+    def compile(row_constraint: ConstraintSpec):
+        # the grammar tokenizer (a walk of the vocabulary) is prepared when a row first needs it
+        return constrained.cache.compile(row_constraint)
+
+    return compile
