@@ -76,7 +76,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 def classify_labels(engine: Engine, count: int) -> list[str]:
     """The labels label scoring gives the shipped tickets (the classify task's prompts)."""
-    from classify_bench import bulkrun_scoring, chat_ids, load_tickets
+    from classify_bench import bulkrun_scoring, calibrate, chat_ids, load_tickets
 
     from bulkrun.tasks.base import Item, TaskContext
     from bulkrun.tasks.classify import ClassifyTask
@@ -86,7 +86,9 @@ def classify_labels(engine: Engine, count: int) -> list[str]:
     task = ClassifyTask(LabelSet(tuple(dict.fromkeys(r["label"] for r in rows))))
     task.bind(TaskContext(engine.tokenizer, engine.max_model_len, SamplingParams()))
     prompts = [chat_ids(engine.tokenizer, task.render(Item(i, r["id"], r))) for i, r in enumerate(rows)]
-    return bulkrun_scoring(engine, task, prompts, True)[0]
+    calibrate(engine, task, engine.tokenizer)  # the task's default, as a job runs it
+    labels, _raw = bulkrun_scoring(engine, task, prompts, True)[0]
+    return labels
 
 
 def load_variants() -> dict[str, Engine]:

@@ -193,7 +193,7 @@ class Engine:
             kv_blocks_touched=self.pool.num_touched_blocks,
             prefix_cache_hit_tokens=sched.num_prefix_hit_tokens,
             num_finished=len(outputs),
-            num_generated_tokens=sum(sched.samples),
+            num_generated_tokens=int(sched.array("samples").sum()),
         )
 
     # ---- driving ------------------------------------------------------------------------------

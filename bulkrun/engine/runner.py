@@ -136,9 +136,8 @@ class ModelRunner:
         # the running batch knows when every request takes the plain argmax: no per-row look
         plain = out.batch is not None and out.batch.num_not_plain_greedy == 0
         tokens = self._sample(requests, h, inputs, result, masks, plain)
-        ids = list(map(_request_id, requests))
-        self._prev_tokens, self._prev_rows = tokens, _RowOf(ids)
-        return StepHandle(result, tokens, ids)
+        self._prev_tokens, self._prev_rows = tokens, _RowOf(requests)
+        return StepHandle(result, tokens, requests)
 
     def _final_hidden(self, inputs: StepInputs) -> torch.Tensor:
         # a decode step in which every row samples: its logits rows are exactly its rows
@@ -241,25 +240,25 @@ class ModelRunner:
 
 
 class _RowOf(Mapping):
-    """Request id -> its row among a step's sample rows, the dict built only when a later step asks
-    (async scheduling, for the inputs still in flight): a synchronous step never pays for it."""
+    """Request id -> its row among a step's sample rows (`requests`), the dict built only when a later
+    step asks (async scheduling, for the inputs still in flight): a synchronous step never pays."""
 
-    def __init__(self, ids: list[str]):
-        self._ids, self._rows = ids, None
+    def __init__(self, requests: list):
+        self._requests, self._rows = requests, None
 
     def _index(self) -> dict[str, int]:
         if self._rows is None:
-            self._rows = dict(zip(self._ids, range(len(self._ids))))
+            self._rows = {r.request_id: i for i, r in enumerate(self._requests)}
         return self._rows
 
     def __getitem__(self, request_id: str) -> int:
         return self._index()[request_id]
 
     def __iter__(self):
-        return iter(self._ids)
+        return iter(self._index())
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return len(self._requests)
 
 
 def _without_rows(h: torch.Tensor, rows: list[int]) -> torch.Tensor:
@@ -273,8 +272,8 @@ def _without_rows(h: torch.Tensor, rows: list[int]) -> torch.Tensor:
 class StepHandle:
     """A launched step: result() waits for its sampled tokens and returns the RunnerOutput."""
 
-    def __init__(self, result: RunnerOutput, tokens: torch.Tensor | None = None, ids: list[str] = ()):
-        self._result, self._ids = result, ids
+    def __init__(self, result: RunnerOutput, tokens: torch.Tensor | None = None, requests: list = ()):
+        self._result, self._requests = result, requests
         self._tokens = tokens
         self._event = None
         if tokens is not None and tokens.is_cuda:  # copy back without blocking; wait in result()
@@ -292,5 +291,6 @@ class StepHandle:
             self._result.sampled_tokens = self._tokens.numpy()  # host memory (pinned on CUDA)
             self._tokens = None
         if by_request_id and self._result.sampled_tokens is not None and not self._result.sampled:
-            self._result.sampled = dict(zip(self._ids, self._result.sampled_tokens.tolist(), strict=True))
+            ids = map(_request_id, self._requests)
+            self._result.sampled = dict(zip(ids, self._result.sampled_tokens.tolist(), strict=True))
         return self._result

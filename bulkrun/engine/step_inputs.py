@@ -203,7 +203,8 @@ class StepState:
             input_ids=torch.from_numpy(np.asarray(ids, dtype=np.int64)),
             metadata=metadata,
             logits_indices=torch.from_numpy(logits_indices.astype(np.int64)),
-            sample_requests=list(compress(sched.requests, sched.samples)),
+            # every row samples in a steady decode step: the list itself (read-only here)
+            sample_requests=sched.requests if sample_mask.all() else list(compress(sched.requests, sched.samples)),
             scores=scores,
             num_rows=num_rows,
             decode_only=decode_only,
