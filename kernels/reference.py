@@ -134,17 +134,27 @@ def paged_attention(
         qg = q.index_select(0, g.rows).view(n, num_kv_heads, group, head_dim)
         k = _gather(k_cache, g.blocks, n, g.context)
         v = _gather(v_cache, g.blocks, n, g.context)
-        o = F.scaled_dot_product_attention(qg, k, v, attn_mask=g.mask, scale=scale)
+        o = _sdpa(qg, k, v, g.mask, scale=scale)
         out.index_copy_(0, g.rows, o.reshape(n, num_q_heads, head_dim))
     for c in plan.chunks:
         qc = q[c.start : c.end].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
         k = _gather(k_cache, c.blocks, 1, c.context)
         v = _gather(v_cache, c.blocks, 1, c.context)
-        o = F.scaled_dot_product_attention(
-            qc, k, v, attn_mask=c.mask, is_causal=c.mask is None, scale=scale, enable_gqa=group > 1
-        )
+        o = _sdpa(qc, k, v, c.mask, is_causal=c.mask is None, scale=scale, enable_gqa=group > 1)
         out[c.start : c.end] = o[0].transpose(0, 1)
     return out
+
+
+def _sdpa(q, k, v, mask, **kwargs) -> torch.Tensor:
+    """SDPA; bf16/fp16 on the CPU computed in fp32. PyTorch's reduced-precision CPU attention JIT-
+    compiles a brgemm kernel for every new sequence length and never frees one: a job of 200,000
+    rows of varied lengths grew by 740 MB that way (bench/job_bench.py, a model this path serves)."""
+    if q.device.type != "cpu" or q.dtype not in (torch.bfloat16, torch.float16):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kwargs)
+    o = F.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), attn_mask=None if mask is None else mask.float(), **kwargs
+    )
+    return o.to(q.dtype)
 
 
 def write_kv(
