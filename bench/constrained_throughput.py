@@ -107,7 +107,9 @@ def main() -> None:
     print(f"ratio constrained/unconstrained throughput: {rate / free_rate:.2f}x (target >= 0.80)")
     per = 1e3 * clock.fill_s / max(clock.rows, 1)
     waited = 1e3 * clock.wait_s / max(clock.rows, 1)
-    print(f"mask fill per token per sequence: {per:.3f} ms; the step waited {waited:.3f} ms of it after the forward")
+    print(
+        f"mask fill per token per sequence: {per:.3f} ms; the step waited {waited:.3f} ms of it after the forward"
+    )
 
 
 if __name__ == "__main__":

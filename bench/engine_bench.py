@@ -117,7 +117,10 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=48)
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument(
-        "--repeats", type=int, default=3, help="alternating rounds of the CLI, the engine and static-16 (medians)"
+        "--repeats",
+        type=int,
+        default=3,
+        help="alternating rounds of the CLI, the engine and static-16 (medians)",
     )
     ap.add_argument("--no-prefix-check", action="store_true", help="skip the prefix-caching part")
     args = ap.parse_args()
@@ -158,7 +161,9 @@ def main() -> None:
         dtype: AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
         for dtype in ("float32", "bfloat16")
     }
-    peers = [f"transformers {kind}, {dtype}" for dtype in hf for kind in ("static batch 16", "generate_batch")]
+    peers = [
+        f"transformers {kind}, {dtype}" for dtype in hf for kind in ("static batch 16", "generate_batch")
+    ]
     run_bulkrun(engine, prompts[:4], 4)  # warm-up
     rounds: dict[str, list[tuple]] = {}
     for r in range(args.repeats):

@@ -110,7 +110,9 @@ def overlap(num_seqs: int, prompt_len: int, steps: int, device_ms: float) -> dic
     for name, flag in (("sync", False), ("async", True)):
         blocks = num_seqs * (-(-(prompt_len + 2 * steps + 16) // 16) + 1)
         runner = SimulatedDeviceRunner(device_ms / 1e3, num_blocks=blocks, block_size=16)
-        config = EngineConfig(max_num_seqs=num_seqs, max_num_batched_tokens=max(8192, num_seqs), async_scheduling=flag)
+        config = EngineConfig(
+            max_num_seqs=num_seqs, max_num_batched_tokens=max(8192, num_seqs), async_scheduling=flag
+        )
         engine = Engine(runner, config)
         stamps = []
 
@@ -136,12 +138,16 @@ def main() -> None:
         for shape in args.shapes.split(","):
             n, p = (int(x) for x in shape.split("x"))
             us, best, model_ms = host_us_per_seq(tmp, n, p, args.steps)
-            print(f"{n:5d} seqs x {p:4d} prompt tokens: host {us:.2f} us/seq/step, best step {best:.2f} "
-                  f"({us * n / 1e3:.2f} ms/step; model {model_ms:.2f} ms/step)")
+            print(
+                f"{n:5d} seqs x {p:4d} prompt tokens: host {us:.2f} us/seq/step, best step {best:.2f} "
+                f"({us * n / 1e3:.2f} ms/step; model {model_ms:.2f} ms/step)"
+            )
             device_ms = args.device_ms or max(0.5, us * n / 1e3)
             o = overlap(n, p, args.steps, device_ms)
-            print(f"      simulated device {device_ms:.2f} ms/step: sync {o['sync']:.2f} ms/step, "
-                  f"async {o['async']:.2f} ms/step  (sync - device = host {o['sync'] - device_ms:.2f} ms)")
+            print(
+                f"      simulated device {device_ms:.2f} ms/step: sync {o['sync']:.2f} ms/step, "
+                f"async {o['async']:.2f} ms/step  (sync - device = host {o['sync'] - device_ms:.2f} ms)"
+            )
 
 
 if __name__ == "__main__":

@@ -70,7 +70,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="40,160", help="job sizes in rows, comma separated")
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=3, help="plan-then-run pairs per size (medians compared)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="plan-then-run pairs per size (medians compared)"
+    )
     args = parser.parse_args()
     print(f"plan estimate vs actual run, default model, greedy, max_tokens {args.max_tokens}", flush=True)
     print(

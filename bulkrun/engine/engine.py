@@ -148,6 +148,7 @@ class Engine:
             if not req.is_finished:
                 finished.append(req)
             self.scheduler.finish_request(req, "stop")  # also overrides a same-step "length"
+
     def _make_output(self, req: Request) -> RequestOutput:
         out = RequestOutput(
             request_id=req.request_id,

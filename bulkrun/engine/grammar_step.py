@@ -41,7 +41,8 @@ class GrammarMasks:
             return None
         if self._filler is None:
             self._filler = MaskFiller()
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
+            if self._overlap:
+                self._thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
         matchers = [requests[i].grammar for i in rows]
         bitmask = self._rows(len(rows))
         if self._overlap:

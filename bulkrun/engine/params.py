@@ -41,6 +41,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def plain_greedy(self) -> bool:
+        """The token is the argmax and no log-probability is asked for: the screened greedy head's case."""
+        return self.temperature == 0.0 and not self.logprobs
+
 
 @dataclass(slots=True)
 class EngineRequest:

@@ -83,14 +83,18 @@ class ModelRunner:
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.block_size = config.block_size
-        memory = torch.cuda.get_device_properties(self.device).total_memory if self.device.type == "cuda" else 0
+        memory = (
+            torch.cuda.get_device_properties(self.device).total_memory if self.device.type == "cuda" else 0
+        )
         self.limits: EngineLimits = choose_limits(config, self.device.type, memory)
         budget = self._kv_budget()
         # one block more than the scheduler sees: the padding rows of a captured decode step write there
         self.kv_cache = KVCache.from_budget(cfg, budget, self.block_size, self.dtype, self.device)
         self.num_blocks = self.kv_cache.num_blocks - 1
         if self.num_blocks < 1:
-            raise ValueError(f"the KV cache budget ({budget} bytes) holds fewer than 2 blocks; raise kv_cache_bytes")
+            raise ValueError(
+                f"the KV cache budget ({budget} bytes) holds fewer than 2 blocks; raise kv_cache_bytes"
+            )
         self.limits.num_kv_blocks, self.limits.kv_cache_bytes = self.num_blocks, budget
         self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
         self.state = StepState(self.block_size, self.limits.max_num_seqs, self.max_blocks_per_seq)
@@ -145,10 +149,17 @@ class ModelRunner:
             h = self.graphs.run(inputs)
             if h is not None:
                 return h
-        return self.model.final_hidden(inputs.input_ids, inputs.metadata, self.kv_cache.layers, inputs.logits_indices)
+        return self.model.final_hidden(
+            inputs.input_ids, inputs.metadata, self.kv_cache.layers, inputs.logits_indices
+        )
 
     def _sample(
-        self, requests: list, h: torch.Tensor, inputs: StepInputs, result: RunnerOutput, masks: StepMasks | None,
+        self,
+        requests: list,
+        h: torch.Tensor,
+        inputs: StepInputs,
+        result: RunnerOutput,
+        masks: StepMasks | None,
         all_plain_greedy: bool = False,
     ) -> torch.Tensor:
         """Tokens of the sample rows (h's first len(requests) rows), left on the device; fills
@@ -194,8 +205,8 @@ class ModelRunner:
         params = list(map(_params, requests))
         if params and all(map(is_, params, repeat(params[0]))):  # the common bulk case: one object for all
             p = params[0]
-            return list(range(len(requests))) if p.greedy and not p.logprobs else []
-        return [i for i, p in enumerate(params) if p.greedy and not p.logprobs]
+            return list(range(len(requests))) if p.plain_greedy else []
+        return [i for i, p in enumerate(params) if p.plain_greedy]
 
     def _to_device(self, inputs: StepInputs) -> StepInputs:
         md = inputs.metadata
@@ -225,7 +236,9 @@ class ModelRunner:
         request = Request(
             "profile", SamplingParams(), [0] * tokens, tokens, arrival=0, block_table=list(range(num_blocks))
         )
-        inputs = self._to_device(build_step_inputs([ScheduledRequest(request, tokens, False)], self.block_size))
+        inputs = self._to_device(
+            build_step_inputs([ScheduledRequest(request, tokens, False)], self.block_size)
+        )
         inputs.logits_indices = torch.arange(tokens, device=self.device)
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)

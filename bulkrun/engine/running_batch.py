@@ -55,7 +55,7 @@ class RunningBatch:
         req.slot, req.batch = slot, self
         self.owner[slot] = req
         self.unsynced[slot] = 0
-        self.num_not_plain_greedy += not _plain_greedy(req)
+        self.num_not_plain_greedy += not req.params.plain_greedy
         self.computed[slot], self.pending[slot] = computed, pending
         self.num_prompt[slot] = req.num_prompt_tokens
         self.compute_limit[slot] = -1 if req.compute_limit is None else req.compute_limit
@@ -73,7 +73,7 @@ class RunningBatch:
         computed, pending = int(self.computed[slot]), int(self.pending[slot])
         req.slot, req.batch = -1, None
         self.owner[slot] = None
-        self.num_not_plain_greedy -= not _plain_greedy(req)
+        self.num_not_plain_greedy -= not req.params.plain_greedy
         req.num_computed_tokens, req.num_pending_tokens = computed, pending
         self.epoch[slot] += 1
         self.scheduled_in_step[slot] = -1
@@ -136,7 +136,3 @@ class RunningBatch:
         if self.caching:
             end = (req.num_hashed_blocks + 1) * self.block_size
             self.next_hash_end[req.slot] = _NEVER if req.generates and end > req.num_prompt_tokens else end
-
-
-def _plain_greedy(req: Request) -> bool:
-    return req.params.greedy and not req.params.logprobs

@@ -108,6 +108,7 @@ class SchedulerOutput:
         return arrays[name]
 
     def add(self, req: Request, start: int, n: int, sample: bool) -> None:
+        self._arrays = {}  # a row after the arrays were made: they are made again when asked
         self.requests.append(req)
         self.starts.append(start)
         self.num_tokens.append(n)
@@ -259,8 +260,6 @@ class Scheduler:
             budget -= self._schedule(req, n, out)
         if not out.preempted:
             self._admit(budget, out)
-        if out._arrays and len(out._arrays["slots"]) != len(out.requests):
-            out._arrays = {}  # rows were added after the decodes: convert the lists when asked
         out.epochs = self.batch.epoch[out.array("slots")]
         return out
 
@@ -314,7 +313,12 @@ class Scheduler:
         out.samples.extend(samples.tolist())
         out.slots.extend(slots.tolist())
         # the same rows as arrays, kept for the step's readers while no other rows follow them
-        out._arrays = {"slots": slots, "starts": starts, "num_tokens": np.ones(len(pos), np.int64), "samples": samples}
+        out._arrays = {
+            "slots": slots,
+            "starts": starts,
+            "num_tokens": np.ones(len(pos), np.int64),
+            "samples": samples,
+        }
         out.num_scheduled_tokens += len(pos)
         out.num_decode_tokens += int(np.count_nonzero(samples & (computed[pos] >= batch.num_prompt[slots])))
         return chunks
@@ -445,7 +449,9 @@ class Scheduler:
             self.running = [r for r in self.running if r.status is running]
         return finished
 
-    def _append_tokens(self, out: SchedulerOutput, rows: np.ndarray, tokens: np.ndarray, result: RunnerOutput):
+    def _append_tokens(
+        self, out: SchedulerOutput, rows: np.ndarray, tokens: np.ndarray, result: RunnerOutput
+    ):
         """Append each valid sample row's token to its request (in its batch slot: no Python per
         row); (row, "stop" | "length") for the rows that it finishes."""
         batch, requests = self.batch, out.requests

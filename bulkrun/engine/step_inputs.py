@@ -161,7 +161,9 @@ class StepState:
         inputs.pending_inputs = late
         return inputs
 
-    def _tensors(self, sched: SchedulerOutput, rows, ids, scoring: list[int], tables=None, width=0) -> StepInputs:
+    def _tensors(
+        self, sched: SchedulerOutput, rows, ids, scoring: list[int], tables=None, width=0
+    ) -> StepInputs:
         """rows: each sequence's row of `tables` (default: this state's)."""
         bs = self.block_size
         if tables is None:
@@ -204,7 +206,9 @@ class StepState:
             metadata=metadata,
             logits_indices=torch.from_numpy(logits_indices.astype(np.int64)),
             # every row samples in a steady decode step: the list itself (read-only here)
-            sample_requests=sched.requests if sample_mask.all() else list(compress(sched.requests, sched.samples)),
+            sample_requests=sched.requests
+            if sample_mask.all()
+            else list(compress(sched.requests, sched.samples)),
             scores=scores,
             num_rows=num_rows,
             decode_only=decode_only,

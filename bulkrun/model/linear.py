@@ -80,7 +80,9 @@ class Linear(nn.Module):
             if rows <= SMALL_ROWS and rows % ROW_BUCKET:
                 padded = x.new_zeros(rows + ROW_BUCKET - rows % ROW_BUCKET, x.shape[1])
                 padded[:rows] = x
-                return torch.ops.mkldnn._linear_pointwise(padded, self.packed, self.bias, "none", [], "")[:rows]
+                return torch.ops.mkldnn._linear_pointwise(padded, self.packed, self.bias, "none", [], "")[
+                    :rows
+                ]
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 

@@ -45,7 +45,9 @@ def constrained_requests(engine, temperature: float, seed: int = 0) -> list[Engi
 
 def free_requests(engine) -> list[EngineRequest]:
     return [
-        EngineRequest(f"free{i}-{t}", chat_ids(engine, p), SamplingParams(max_tokens=24, temperature=t, seed=7))
+        EngineRequest(
+            f"free{i}-{t}", chat_ids(engine, p), SamplingParams(max_tokens=24, temperature=t, seed=7)
+        )
         for i, p in enumerate(FREE_PROMPTS)
         for t in (0.0, 0.8)
     ]
@@ -72,7 +74,9 @@ def test_constrained_outputs_are_all_valid_and_free_rows_unchanged(engine, tempe
 def test_async_scheduling_gives_the_same_tokens(engine):
     from bulkrun.model_source import resolve_model
 
-    pipelined = Engine.from_model(str(resolve_model(None)), EngineConfig(async_scheduling=True, dtype="float32"))
+    pipelined = Engine.from_model(
+        str(resolve_model(None)), EngineConfig(async_scheduling=True, dtype="float32")
+    )
     assert pipelined.async_scheduling
     requests = constrained_requests(engine, 1.0, 3) + free_requests(engine)
     want = {o.request_id: o.output_token_ids for o in engine.generate(requests)}

@@ -171,7 +171,9 @@ def test_each_request_starts_from_its_own_state(cache, hf_tokenizer):
     assert b.num_accepted == 0 and not b.is_accepting and feed(b, hf_tokenizer, "no")
 
 
-@pytest.mark.parametrize("fill", [MaskFiller.fill, MaskFiller.fill_here], ids=["thread-pool", "calling-thread"])
+@pytest.mark.parametrize(
+    "fill", [MaskFiller.fill, MaskFiller.fill_here], ids=["thread-pool", "calling-thread"]
+)
 def test_batched_fill_equals_one_row_at_a_time(cache, tokenizer, hf_tokenizer, fill):
     specs = [ConstraintSpec.json_schema(TICKET), ConstraintSpec.json_schema(PERSON),
              ConstraintSpec.regex(r"[A-Z][a-z]+"), ConstraintSpec.choice(["red", "green"]), ConstraintSpec.json_object()]  # fmt: skip
