@@ -51,7 +51,7 @@ def mark(name):
 import bulkrun.cli; mark("import bulkrun.cli (typer, job layer)")
 import torch; mark("import torch")
 from bulkrun.engine.config import EngineConfig
-from bulkrun.engine import runner as r
+from bulkrun.engine import loaded_model as r
 from bulkrun.engine.engine import Engine
 from bulkrun.engine.params import EngineRequest, SamplingParams
 mark("import the engine (runner, model, kernels)")

@@ -15,9 +15,10 @@ import sys
 import click
 
 from bulkrun.cli.app import app
+from bulkrun.cli.daemon_client import run_in_daemon
 from bulkrun.exceptions import EXIT_FATAL, EXIT_INTERRUPTED, BulkrunError
 
-_COMMAND_MODULES = ("jobs", "classify", "eval", "outdir", "plan", "provider_batch")
+_COMMAND_MODULES = ("jobs", "classify", "eval", "outdir", "plan", "provider_batch", "daemon")
 
 
 def _register_commands() -> None:
@@ -38,6 +39,10 @@ def _terminate(signum, frame):  # SIGTERM behaves like Ctrl-C: commit what is fi
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if argv is None:  # the command line itself: a resident daemon may run it (daemon_client.py)
+        code = run_in_daemon(args)
+        if code is not None:
+            _exit(code)
     signal.signal(signal.SIGTERM, _terminate)
     try:
         # standalone_mode=False: click returns the command's exit code and raises the rest here

@@ -15,11 +15,9 @@ from operator import attrgetter, is_
 
 import torch
 
-from bulkrun.engine import scoring
+from bulkrun.engine import loaded_model, scoring
 from bulkrun.engine.config import EngineConfig
-from bulkrun.engine.cpu_env import keep_freed_memory
 from bulkrun.engine.decode_graphs import DecodeGraphs, graph_batch_sizes
-from bulkrun.engine.device import resolve_device
 from bulkrun.engine.grammar_step import GrammarMasks, StepMasks
 from bulkrun.engine.kv_cache import KVCache, default_cpu_kv_bytes, default_cuda_kv_bytes
 from bulkrun.engine.limits import EngineLimits, choose_limits
@@ -27,53 +25,23 @@ from bulkrun.engine.runner_output import RunnerOutput
 from bulkrun.engine.sampler import Sampler
 from bulkrun.engine.scheduler import SchedulerOutput
 from bulkrun.engine.step_inputs import StepInputs, StepState
-from bulkrun.engine.tokenizer import load_tokenizer
-from bulkrun.model.greedy_head import build_greedy_head
-from bulkrun.model.linear import pack_linears_for_cpu
-from bulkrun.model.loader import load_model
-from bulkrun_kernels import get_ops
-from bulkrun_kernels.cpu_dtype import default_cpu_dtype
 from bulkrun_kernels.reference import plan_attention
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _request_id = attrgetter("request_id")
 _params = attrgetter("params")
-
-
-def resolve_device_dtype(config: EngineConfig, backend: str) -> tuple[torch.device, torch.dtype, str]:
-    """The run's device, its dtype and why that dtype: the one asked for; bfloat16 on CUDA; on the
-    CPU bfloat16 where it multiplies bf16 natively and the native kernels run (4-10x faster linears,
-    half the KV cache; its quality against fp32 is measured by bench/precision_bench.py), else float32."""
-    device = resolve_device(config.device)
-    if config.dtype is not None:
-        if config.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {config.dtype!r}")
-        return device, _DTYPES[config.dtype], "asked for"
-    if device.type == "cuda":
-        return device, torch.bfloat16, "the CUDA default"
-    if backend != "cpu":
-        return device, torch.float32, f"the CPU default with the {backend} kernels (bf16 would be emulated)"
-    dtype = default_cpu_dtype()
-    if dtype == torch.bfloat16:
-        return device, dtype, "the CPU default: native bf16 dot products and the native kernels"
-    return device, dtype, "the CPU default: no native bf16 dot products here"
 
 
 class ModelRunner:
     def __init__(self, model_dir: str, config: EngineConfig):
         self.config = config
-        self.tokenizer = load_tokenizer(model_dir)  # first: what it still imports overlaps the model load
-        device = resolve_device(config.device)
-        if device.type == "cpu":
-            keep_freed_memory()
-        self.ops = get_ops(config.kernels, device)
-        self.device, self.dtype, self.dtype_reason = resolve_device_dtype(config, self.ops.backend)
-        self.model = load_model(model_dir, self.ops, self.dtype, self.device)
+        loaded = loaded_model.load(model_dir, config)
+        self.tokenizer, self.ops, self.model = loaded.tokenizer, loaded.ops, loaded.model
+        self.device, self.dtype, self.dtype_reason = loaded.device, loaded.dtype, loaded.dtype_reason
         # greedy rows without logprobs: exact argmax from a bf16 screen (None where that is not faster)
-        self.greedy_head = build_greedy_head(self.model, self.device, self.dtype, self.ops.backend)
-        self.onednn = self.device.type == "cpu" and pack_linears_for_cpu(self.model)
+        self.greedy_head = loaded.greedy_head
+        self.onednn = loaded.onednn
         cfg = self.model.cfg
         self.vocab_size = cfg.vocab_size
         # constrained rows' masks (grammar_step.py); overlapped with the forward only on a GPU

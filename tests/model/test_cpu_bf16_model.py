@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers.models import VOCAB, build_tiny_model
 
-from bulkrun.engine import runner as runner_module
+from bulkrun.engine import loaded_model as loaded_model_module
 from bulkrun.engine.config import EngineConfig
 from bulkrun.engine.params import SamplingParams
 from bulkrun.engine.request import Request
@@ -95,16 +95,16 @@ def test_with_native_bf16_the_default_is_bf16(monkeypatch):
 
 def test_the_runner_says_which_dtype_it_chose_and_why(monkeypatch):
     cpu = torch.device("cpu")
-    monkeypatch.setattr(runner_module, "default_cpu_dtype", lambda: torch.bfloat16)
-    assert runner_module.resolve_device_dtype(EngineConfig(device="cpu"), "cpu")[1:] == (
+    monkeypatch.setattr(loaded_model_module, "default_cpu_dtype", lambda: torch.bfloat16)
+    assert loaded_model_module.resolve_device_dtype(EngineConfig(device="cpu"), "cpu")[1:] == (
         torch.bfloat16,
         "the CPU default: native bf16 dot products and the native kernels",
     )
-    device, dtype, why = runner_module.resolve_device_dtype(EngineConfig(device="cpu"), "reference")
+    device, dtype, why = loaded_model_module.resolve_device_dtype(EngineConfig(device="cpu"), "reference")
     assert (device, dtype) == (cpu, torch.float32) and "reference" in why  # bf16 would be emulated
     asked = EngineConfig(device="cpu", dtype="float32")
-    assert runner_module.resolve_device_dtype(asked, "cpu")[1:] == (torch.float32, "asked for")
-    monkeypatch.setattr(runner_module, "default_cpu_dtype", lambda: torch.float32)
-    assert "no native bf16" in runner_module.resolve_device_dtype(EngineConfig(device="cpu"), "cpu")[2]
+    assert loaded_model_module.resolve_device_dtype(asked, "cpu")[1:] == (torch.float32, "asked for")
+    monkeypatch.setattr(loaded_model_module, "default_cpu_dtype", lambda: torch.float32)
+    assert "no native bf16" in loaded_model_module.resolve_device_dtype(EngineConfig(device="cpu"), "cpu")[2]
     with pytest.raises(ValueError, match="dtype must be one of"):
-        runner_module.resolve_device_dtype(EngineConfig(device="cpu", dtype="fp8"), "cpu")
+        loaded_model_module.resolve_device_dtype(EngineConfig(device="cpu", dtype="fp8"), "cpu")

@@ -1,0 +1,89 @@
+"""A model ready to run: its tokenizer, kernels, dtype, weights, greedy head and oneDNN packing.
+
+Everything a ModelRunner needs that depends only on the model directory and the config's device,
+dtype and kernels, so one load can serve several runners. A resident process (the `bulkrun daemon`)
+loads the default model once with keep_resident(); the jobs it forks then take it from load() instead
+of loading, converting and packing it again (copy-on-write pages shared with the daemon).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from bulkrun.engine.config import EngineConfig
+from bulkrun.engine.cpu_env import keep_freed_memory
+from bulkrun.engine.device import resolve_device
+from bulkrun.engine.tokenizer import load_tokenizer
+from bulkrun.model.greedy_head import build_greedy_head
+from bulkrun.model.linear import pack_linears_for_cpu
+from bulkrun.model.loader import load_model
+from bulkrun_kernels import get_ops
+from bulkrun_kernels.cpu_dtype import default_cpu_dtype
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_RESIDENT: dict[tuple, LoadedModel] = {}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    tokenizer: Any
+    ops: Any  # bulkrun_kernels.KernelOps
+    device: torch.device
+    dtype: torch.dtype
+    dtype_reason: str
+    model: Any  # bulkrun.model.llama.LlamaForCausalLM
+    greedy_head: Any  # exact argmax from a bf16 screen, None where that is not faster
+    onednn: bool  # the linears are packed for oneDNN
+
+
+def resolve_device_dtype(config: EngineConfig, backend: str) -> tuple[torch.device, torch.dtype, str]:
+    """The run's device, its dtype and why that dtype: the one asked for; bfloat16 on CUDA; on the
+    CPU bfloat16 where it multiplies bf16 natively and the native kernels run (4-10x faster linears,
+    half the KV cache; its quality against fp32 is measured by bench/precision_bench.py), else float32."""
+    device = resolve_device(config.device)
+    if config.dtype is not None:
+        if config.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {config.dtype!r}")
+        return device, _DTYPES[config.dtype], "asked for"
+    if device.type == "cuda":
+        return device, torch.bfloat16, "the CUDA default"
+    if backend != "cpu":
+        return device, torch.float32, f"the CPU default with the {backend} kernels (bf16 would be emulated)"
+    dtype = default_cpu_dtype()
+    if dtype == torch.bfloat16:
+        return device, dtype, "the CPU default: native bf16 dot products and the native kernels"
+    return device, dtype, "the CPU default: no native bf16 dot products here"
+
+
+def load(model_dir: str, config: EngineConfig) -> LoadedModel:
+    """The model for these settings: the resident one where this process keeps it, else a fresh load."""
+    resident = _RESIDENT.get(_key(model_dir, config))
+    return resident if resident is not None else _load(model_dir, config)
+
+
+def keep_resident(model_dir: str, config: EngineConfig) -> LoadedModel:
+    """Load the model and keep it for every later load() with the same directory, device, dtype
+    and kernels in this process and the processes it forks."""
+    loaded = load(model_dir, config)
+    _RESIDENT[_key(model_dir, config)] = loaded
+    return loaded
+
+
+def _key(model_dir: str, config: EngineConfig) -> tuple:
+    return (str(model_dir), config.device, config.dtype, config.kernels)
+
+
+def _load(model_dir: str, config: EngineConfig) -> LoadedModel:
+    tokenizer = load_tokenizer(model_dir)  # first: what it still imports overlaps the model load
+    device = resolve_device(config.device)
+    if device.type == "cpu":
+        keep_freed_memory()
+    ops = get_ops(config.kernels, device)
+    device, dtype, dtype_reason = resolve_device_dtype(config, ops.backend)
+    model = load_model(model_dir, ops, dtype, device)
+    greedy_head = build_greedy_head(model, device, dtype, ops.backend)
+    onednn = device.type == "cpu" and pack_linears_for_cpu(model)
+    return LoadedModel(tokenizer, ops, device, dtype, dtype_reason, model, greedy_head, onednn)
