@@ -61,7 +61,8 @@ def private_dir(create: bool = False) -> Path | None:
 
 def installation_key() -> str:
     """What a daemon must share with this process to run its commands the same way."""
-    digest = hashlib.sha256(sys.executable.encode())
+    # the interpreter and environment, however they were named (python, python3, a symlink)
+    digest = hashlib.sha256(f"{os.path.realpath(sys.executable)}\n{sys.prefix}\n".encode())
     for root in _code_roots():
         for folder, subfolders, files in os.walk(root):
             subfolders[:] = sorted(d for d in subfolders if d != "__pycache__")
