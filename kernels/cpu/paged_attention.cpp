@@ -328,6 +328,25 @@ void run_item_few(const WorkItem& w, const Geometry& g, const T* q, const T* k_c
     }
 }
 
+}  // namespace
+}  // namespace bulkrun_cpu
+
+#include "attention_amx.h"  // run_item_amx: prompt chunks on AMX tiles where the CPU has them
+
+namespace bulkrun_cpu {
+namespace {
+
+// Prompt-chunk items on AMX where it runs (bf16, head_dim a multiple of 32), else on AVX-512 FMAs.
+template <int NV, typename T>
+void run_item_best(const WorkItem& w, const Geometry& g, const T* q, const T* k, const T* v,
+                   const int32_t* table, int64_t token0, int64_t new_tokens, int64_t context, T* out) {
+#ifdef BULKRUN_AMX
+  if constexpr (std::is_same_v<T, bf16> && NV % 2 == 0)
+    if (amx_ready()) return run_item_amx<NV>(w, g, q, k, v, table, token0, new_tokens, context, out);
+#endif
+  run_item<NV, T>(w, g, q, k, v, table, token0, new_tokens, context, out);
+}
+
 template <int NV, typename T>
 void run_all(const std::vector<WorkItem>& items, const Geometry& g, const T* q, const T* k, const T* v,
              const int32_t* tables, const int32_t* starts, const int32_t* lens, T* out) {
@@ -343,7 +362,7 @@ void run_all(const std::vector<WorkItem>& items, const Geometry& g, const T* q, 
   case R: run_item_few<NV, R, T>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out); break;
         BULKRUN_FEW(1) BULKRUN_FEW(2) BULKRUN_FEW(3) BULKRUN_FEW(4) BULKRUN_FEW(5)
 #undef BULKRUN_FEW
-        default: run_item<NV, T>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out);
+        default: run_item_best<NV, T>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out);
       }
     }
   });
@@ -425,3 +444,16 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
 }
 
 }  // namespace bulkrun_cpu
+
+namespace bulkrun_cpu {
+// Whether bf16 prompt chunks run on AMX tiles here (built for a CPU with AMX, and the OS grants it).
+bool attention_amx() {
+#ifdef BULKRUN_AMX
+  return amx_ready();
+#else
+  return false;
+#endif
+}
+}  // namespace bulkrun_cpu
+
+TORCH_LIBRARY_FRAGMENT(bulkrun_cpu, m) { m.def("attention_amx() -> bool", &bulkrun_cpu::attention_amx); }

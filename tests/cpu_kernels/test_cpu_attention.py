@@ -4,6 +4,8 @@ without earlier context, GQA, every head size it takes, block sizes that do and 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -138,3 +140,22 @@ def test_scores_spread_far_apart_as_with_an_attention_sink():
     # q scaled up: scores span hundreds, so most probabilities underflow next to the largest one
     q, k_cache, v_cache, tables, starts, lens = make_batch([1, 24], [300, 24], seed=5)
     check((q * 40, k_cache, v_cache, tables, starts, lens))
+
+
+def test_bf16_prompt_chunks_run_on_amx_where_the_cpu_has_it():
+    # the tests above then check the AMX path (rows of 6+ per kv head, bf16) against the reference
+    from bulkrun_kernels.cpu_build import cpu_flags
+
+    if not {"amx_tile", "amx_bf16"} <= cpu_flags() or os.environ.get("BULKRUN_CPU_AMX") == "0":
+        pytest.skip("no AMX on this CPU")
+    assert torch.ops.bulkrun_cpu.attention_amx()
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+def test_bf16_long_prompt_chunks_with_cached_context(head_dim):
+    # many 16-row blocks and 32-key chunks per item, odd key-group counts, GQA groups that split blocks
+    for seed, heads in enumerate([(9, 3), (8, 8), (10, 2)]):
+        check(
+            make_batch([97, 33, 1], [161, 290, 40], heads=heads, head_dim=head_dim, seed=seed),
+            dtype=torch.bfloat16,
+        )

@@ -1,0 +1,206 @@
+// Prompt-chunk attention on AMX tiles (bf16 in, fp32 accumulation), for paged_attention.cpp.
+//
+// Why: a prompt chunk's attention is two matmuls per kv head (scores = Q K^T, out = P V), and with
+// AVX-512 FMAs in fp32 they ran at ~100 GFLOP/s on the dev box, a third of the engine's bf16 time
+// next to linears that oneDNN runs on AMX. AMX multiplies 16x32 by 32x16 bf16 tiles into fp32 in
+// one instruction. What stays as run_item does it: fp32 scores, the causal mask, one max / exp /
+// sum per row in fp32 (softmax_row). What changes: the probabilities are rounded to bf16 for the
+// P V product (as FlashAttention does on GPUs; 2^-9 relative per probability), and the row sums
+// that normalize the output are the fp32 ones.
+//
+// Layouts (AMX's B operand wants K-dimension pairs interleaved, "VNNI"):
+//   q rows  [padded rows][D] bf16, rows (token, q head of the group), zero rows pad to 16
+//   keys^T  per 16-key group and 32-dim step: 16 rows (dim pairs) x 16 keys x 2 bf16
+//   values  per 32-key chunk and 16-dim block: 16 rows (key pairs) x 16 dims x 2 bf16
+//   scores  [padded rows][key groups x 16] fp32 (softmax in place)
+//   probs   [padded rows][key chunks x 32] bf16
+// Keys and values past the sequence's last key are zeros, never the cache's unused slots.
+#pragma once
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__)
+#define BULKRUN_AMX 1
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace bulkrun_cpu {
+namespace {
+
+constexpr int kArchReqXcompPerm = 0x1023;  // arch_prctl: ask the kernel for a state component
+constexpr int kXfeatureXtiledata = 18;     // ... the AMX tile data
+
+// Whether this process may run AMX: Linux hands out the 8 KB tile state only on request (oneDNN
+// asks too; asking twice is fine). BULKRUN_CPU_AMX=0 turns the AMX path off (A/B measurements).
+inline bool amx_ready() {
+  static const bool ready = [] {
+    const char* env = std::getenv("BULKRUN_CPU_AMX");
+    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ready;
+}
+
+struct TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// All eight tiles 16 rows x 64 bytes: C = 16 x 16 fp32, A = 16 x 32 bf16, B = 16 pairs x 16 x 2 bf16.
+inline void configure_tiles() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// lane n = a[n] | b[n] << 16: the pair (a[n], b[n]) of two rows' 16 bf16 each, side by side in memory
+inline __m512i interleave_rows(const bf16* a, const bf16* b) {
+  const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)));
+  const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)));
+  return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+}
+
+template <int NV>
+void run_item_amx(const WorkItem& w, const Geometry& g, const bf16* q, const bf16* k_cache, const bf16* v_cache,
+                  const int32_t* table, int64_t token0, int64_t new_tokens, int64_t context, bf16* out) {
+  static_assert(NV % 2 == 0, "a tile row holds 32 dims: head_dim must be a multiple of 32");
+  constexpr int64_t D = NV * 16, kSteps = NV / 2;  // 32-dim steps of the score product
+  const int64_t tile = w.q_end - w.q_begin, group = g.group, rows = tile * group;
+  const int64_t blocks = (rows + 15) / 16, padded_rows = blocks * 16;
+  const int64_t key_stride = g.num_kv_heads * D;
+  const int64_t first_pos = context - new_tokens;
+  const int64_t num_keys = first_pos + w.q_end;
+  const int64_t key_groups = (num_keys + kKeys - 1) / kKeys;
+  const int64_t chunks = (num_keys + 31) / 32, padded_keys = chunks * 32;
+  auto last_key = [&](int64_t r) { return first_pos + w.q_begin + r / group; };  // the last key row r sees
+
+  thread_local std::vector<bf16> q_rows, keys_t, values, probs16;
+  thread_local std::vector<F16> scores;
+  thread_local std::vector<float> row_sum, block_out;
+  q_rows.assign(padded_rows * D, 0);
+  keys_t.resize(key_groups * kSteps * 512);
+  values.resize(chunks * NV * 512);
+  probs16.resize(padded_rows * padded_keys);
+  scores.resize(padded_rows * key_groups);
+  row_sum.resize(rows);
+  block_out.resize(16 * D);
+  const int64_t* offsets = key_row_offsets(table, g.block_size, num_keys, key_stride);
+  const I16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  configure_tiles();
+
+  for (int64_t kvh = 0; kvh < g.num_kv_heads; ++kvh) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const bf16* src = q + (token0 + w.q_begin + r / group) * g.q_stride_token + (kvh * group + r % group) * g.q_stride_head;
+      std::memcpy(q_rows.data() + r * D, src, D * sizeof(bf16));
+    }
+    // keys^T: per group of 16 keys and 32-dim step, a 16 x 16 transpose of 32-bit dim pairs
+    for (int64_t kg = 0; kg < key_groups; ++kg) {
+      const int64_t key0 = kg * kKeys, n = std::min(kKeys, num_keys - key0);
+      for (int64_t s = 0; s < kSteps; ++s) {
+        F16 block[16];
+        for (int64_t j = 0; j < 16; ++j)
+          block[j] = j < n ? load16(reinterpret_cast<const float*>(k_cache + offsets[key0 + j] + kvh * D + 32 * s))
+                           : F16{};
+        transpose16(block);
+        std::memcpy(keys_t.data() + (kg * kSteps + s) * 512, block, sizeof(block));
+      }
+    }
+    // values: per chunk of 32 keys and 16-dim block, key pairs interleaved
+    for (int64_t c = 0; c < chunks; ++c)
+      for (int64_t p = 0; p < 16; ++p) {
+        const int64_t a = c * 32 + 2 * p, b = a + 1;
+        for (int64_t nb = 0; nb < NV; ++nb) {
+          __m512i pair = _mm512_setzero_si512();
+          if (b < num_keys)
+            pair = interleave_rows(v_cache + offsets[a] + kvh * D + 16 * nb, v_cache + offsets[b] + kvh * D + 16 * nb);
+          else if (a < num_keys)
+            pair = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v_cache + offsets[a] + kvh * D + 16 * nb)));
+          _mm512_storeu_si512(values.data() + ((c * NV + nb) * 16 + p) * 32, pair);
+        }
+      }
+
+    // scores = Q K^T, four key groups per pass over a row block's queries (tiles 0-3: C, 4: A, 5-7: B)
+    for (int64_t rb = 0; rb < blocks; ++rb) {
+      const int64_t groups = last_key(std::min(rows, rb * 16 + 16) - 1) / kKeys + 1;
+      const bf16* a_base = q_rows.data() + rb * 16 * D;
+      float* c_base = reinterpret_cast<float*>(scores.data() + rb * 16 * key_groups);
+      const int64_t c_stride = key_groups * 64;
+      for (int64_t kg = 0; kg < groups; kg += 4) {
+        const int64_t n = std::min<int64_t>(4, groups - kg);
+        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+        for (int64_t s = 0; s < kSteps; ++s) {
+          const bf16* b = keys_t.data() + (kg * kSteps + s) * 512;
+          _tile_loadd(4, a_base + 32 * s, D * 2);
+          _tile_loadd(5, b, 64);
+          _tile_dpbf16ps(0, 4, 5);
+          if (n > 1) { _tile_loadd(6, b + kSteps * 512, 64); _tile_dpbf16ps(1, 4, 6); }
+          if (n > 2) { _tile_loadd(7, b + 2 * kSteps * 512, 64); _tile_dpbf16ps(2, 4, 7); }
+          if (n > 3) { _tile_loadd(5, b + 3 * kSteps * 512, 64); _tile_dpbf16ps(3, 4, 5); }
+        }
+        _tile_stored(0, c_base + kg * 16, c_stride);
+        if (n > 1) _tile_stored(1, c_base + (kg + 1) * 16, c_stride);
+        if (n > 2) _tile_stored(2, c_base + (kg + 2) * 16, c_stride);
+        if (n > 3) _tile_stored(3, c_base + (kg + 3) * 16, c_stride);
+      }
+    }
+    // scale, causal mask, softmax in fp32; the probabilities to bf16 for the value product
+    for (int64_t r = 0; r < padded_rows; ++r) {
+      bf16* p16 = probs16.data() + r * padded_keys;
+      if (r >= rows) {
+        std::memset(p16, 0, padded_keys * sizeof(bf16));
+        continue;
+      }
+      F16* pr = scores.data() + r * key_groups;
+      const int64_t seen = last_key(r) / kKeys + 1;
+      for (int64_t kg = 0; kg < seen; ++kg) {
+        const int32_t last_visible = static_cast<int32_t>(last_key(r) - kg * kKeys);
+        pr[kg] = lane <= last_visible ? pr[kg] * g.scale : splat(-std::numeric_limits<float>::infinity());
+      }
+      row_sum[r] = softmax_row(pr, seen, key_groups);
+      for (int64_t kg = 0; kg < key_groups; ++kg) store16(p16 + kg * 16, pr[kg]);
+      if (key_groups * 16 < padded_keys) std::memset(p16 + key_groups * 16, 0, 16 * sizeof(bf16));
+    }
+    // out = P V / row sums, up to four 16-dim blocks per pass over the row block's probabilities
+    for (int64_t rb = 0; rb < blocks; ++rb) {
+      const int64_t r_end = std::min(rows, rb * 16 + 16);
+      const int64_t used_chunks = last_key(r_end - 1) / 32 + 1;
+      const bf16* a_base = probs16.data() + rb * 16 * padded_keys;
+      for (int64_t nb0 = 0; nb0 < NV; nb0 += 4) {
+        const int64_t n = std::min<int64_t>(4, NV - nb0);
+        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+        for (int64_t c = 0; c < used_chunks; ++c) {
+          const bf16* b = values.data() + (c * NV + nb0) * 512;
+          _tile_loadd(4, a_base + 32 * c, padded_keys * 2);
+          _tile_loadd(5, b, 64);
+          _tile_dpbf16ps(0, 4, 5);
+          if (n > 1) { _tile_loadd(6, b + 512, 64); _tile_dpbf16ps(1, 4, 6); }
+          if (n > 2) { _tile_loadd(7, b + 1024, 64); _tile_dpbf16ps(2, 4, 7); }
+          if (n > 3) { _tile_loadd(5, b + 1536, 64); _tile_dpbf16ps(3, 4, 5); }
+        }
+        float* o = block_out.data() + nb0 * 16;
+        _tile_stored(0, o, D * 4);
+        if (n > 1) _tile_stored(1, o + 16, D * 4);
+        if (n > 2) _tile_stored(2, o + 32, D * 4);
+        if (n > 3) _tile_stored(3, o + 48, D * 4);
+      }
+      for (int64_t r = rb * 16; r < r_end; ++r) {
+        const int64_t token = w.q_begin + r / group, h = kvh * group + r % group;
+        bf16* dst = out + (token0 + token) * g.out_stride_token + h * g.out_stride_head;
+        const float inv = 1.f / row_sum[r];
+        for (int64_t c = 0; c < NV; ++c) store16(dst + 16 * c, load16(block_out.data() + (r - rb * 16) * D + 16 * c) * inv);
+      }
+    }
+  }
+  _tile_release();
+}
+
+}  // namespace
+}  // namespace bulkrun_cpu
+#endif
