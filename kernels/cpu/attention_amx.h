@@ -67,6 +67,69 @@ inline __m512i interleave_rows(const bf16* a, const bf16* b) {
   return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
 }
 
+// C_j = sum_i A_i B_ij for j < n <= 4 (tiles 0-3: C, 4: A, 5-7: B): A_i is 16 rows x 32 bf16 at
+// a + 32 i (rows a_stride bytes apart), B_ij the pair-interleaved tile at b + i b_step + j b_next,
+// and C_j (16 x 16 fp32) goes to c + 16 j (rows c_stride bytes apart). One A load serves n products.
+inline void tile_products(int64_t n, int64_t steps, const bf16* a, int64_t a_stride, const bf16* b, int64_t b_step,
+                          int64_t b_next, float* c, int64_t c_stride) {
+  _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+  for (int64_t i = 0; i < steps; ++i) {
+    const bf16* bi = b + i * b_step;
+    _tile_loadd(4, a + 32 * i, a_stride);
+    _tile_loadd(5, bi, 64);
+    _tile_dpbf16ps(0, 4, 5);
+    if (n > 1) { _tile_loadd(6, bi + b_next, 64); _tile_dpbf16ps(1, 4, 6); }
+    if (n > 2) { _tile_loadd(7, bi + 2 * b_next, 64); _tile_dpbf16ps(2, 4, 7); }
+    if (n > 3) { _tile_loadd(5, bi + 3 * b_next, 64); _tile_dpbf16ps(3, 4, 5); }
+  }
+  _tile_stored(0, c, c_stride);
+  if (n > 1) _tile_stored(1, c + 16, c_stride);
+  if (n > 2) _tile_stored(2, c + 32, c_stride);
+  if (n > 3) _tile_stored(3, c + 48, c_stride);
+}
+
+// 2^n e^f-style exp for the softmax below: e^x = 2^(x log2 e), the fraction by a degree-5 polynomial
+// (relative error < 3e-6; the probabilities are rounded to bf16, 2^-9, right after) and the power
+// of two by one scalef. x <= 0 here; below -87 the caller selects an exact 0.
+inline __m512 exp_fast(__m512 x) {
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(0.69314718f));  // |f| <= ln2 / 2
+  __m512 p = _mm512_set1_ps(1.f / 120);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// One row's raw scores (key groups 0 .. last_key / 16) -> bf16 probabilities p16 (zeros up to
+// padded_keys); returns their fp32 sum. Only the last group holds keys past the row's own (masked):
+// max, then exp and sum and the bf16 rounding in one pass.
+inline float softmax_row_bf16(const F16* scores, int64_t last_key, float scale, bf16* p16, int64_t padded_keys) {
+  const int64_t seen = last_key / kKeys + 1;
+  const __mmask16 visible = static_cast<__mmask16>((2u << (last_key % kKeys)) - 1);  // lanes 0 .. last_key % 16
+  const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  auto group = [&](int64_t kg) {
+    const __m512 v = __builtin_bit_cast(__m512, scores[kg]);
+    return kg + 1 < seen ? v : _mm512_mask_blend_ps(visible, minus_inf, v);
+  };
+  __m512 m = group(0);
+  for (int64_t kg = 1; kg < seen; ++kg) m = _mm512_max_ps(m, group(kg));
+  const __m512 shift = _mm512_set1_ps(-_mm512_reduce_max_ps(m) * scale), s = _mm512_set1_ps(scale);
+  const __m512 floor = _mm512_set1_ps(-87.f);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t kg = 0; kg < seen; ++kg) {
+    const __m512 x = _mm512_fmadd_ps(group(kg), s, shift);  // -inf where masked
+    const __m512 p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, floor, _CMP_GT_OQ), exp_fast(x));
+    sum = _mm512_add_ps(sum, p);
+    store16(p16 + kg * kKeys, __builtin_bit_cast(F16, p));
+  }
+  std::memset(p16 + seen * kKeys, 0, (padded_keys - seen * kKeys) * sizeof(bf16));
+  return _mm512_reduce_add_ps(sum);
+}
+
 template <int NV>
 void run_item_amx(const WorkItem& w, const Geometry& g, const bf16* q, const bf16* k_cache, const bf16* v_cache,
                   const int32_t* table, int64_t token0, int64_t new_tokens, int64_t context, bf16* out) {
@@ -92,7 +155,6 @@ void run_item_amx(const WorkItem& w, const Geometry& g, const bf16* q, const bf1
   row_sum.resize(rows);
   block_out.resize(16 * D);
   const int64_t* offsets = key_row_offsets(table, g.block_size, num_keys, key_stride);
-  const I16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   configure_tiles();
 
   for (int64_t kvh = 0; kvh < g.num_kv_heads; ++kvh) {
@@ -126,29 +188,14 @@ void run_item_amx(const WorkItem& w, const Geometry& g, const bf16* q, const bf1
         }
       }
 
-    // scores = Q K^T, four key groups per pass over a row block's queries (tiles 0-3: C, 4: A, 5-7: B)
+    // scores = Q K^T, four key groups per pass over a row block's queries
     for (int64_t rb = 0; rb < blocks; ++rb) {
       const int64_t groups = last_key(std::min(rows, rb * 16 + 16) - 1) / kKeys + 1;
       const bf16* a_base = q_rows.data() + rb * 16 * D;
       float* c_base = reinterpret_cast<float*>(scores.data() + rb * 16 * key_groups);
-      const int64_t c_stride = key_groups * 64;
-      for (int64_t kg = 0; kg < groups; kg += 4) {
-        const int64_t n = std::min<int64_t>(4, groups - kg);
-        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-        for (int64_t s = 0; s < kSteps; ++s) {
-          const bf16* b = keys_t.data() + (kg * kSteps + s) * 512;
-          _tile_loadd(4, a_base + 32 * s, D * 2);
-          _tile_loadd(5, b, 64);
-          _tile_dpbf16ps(0, 4, 5);
-          if (n > 1) { _tile_loadd(6, b + kSteps * 512, 64); _tile_dpbf16ps(1, 4, 6); }
-          if (n > 2) { _tile_loadd(7, b + 2 * kSteps * 512, 64); _tile_dpbf16ps(2, 4, 7); }
-          if (n > 3) { _tile_loadd(5, b + 3 * kSteps * 512, 64); _tile_dpbf16ps(3, 4, 5); }
-        }
-        _tile_stored(0, c_base + kg * 16, c_stride);
-        if (n > 1) _tile_stored(1, c_base + (kg + 1) * 16, c_stride);
-        if (n > 2) _tile_stored(2, c_base + (kg + 2) * 16, c_stride);
-        if (n > 3) _tile_stored(3, c_base + (kg + 3) * 16, c_stride);
-      }
+      for (int64_t kg = 0; kg < groups; kg += 4)
+        tile_products(std::min<int64_t>(4, groups - kg), kSteps, a_base, D * 2, keys_t.data() + kg * kSteps * 512, 512,
+                      kSteps * 512, c_base + kg * 16, key_groups * 64);
     }
     // scale, causal mask, softmax in fp32; the probabilities to bf16 for the value product
     for (int64_t r = 0; r < padded_rows; ++r) {
@@ -157,39 +204,16 @@ void run_item_amx(const WorkItem& w, const Geometry& g, const bf16* q, const bf1
         std::memset(p16, 0, padded_keys * sizeof(bf16));
         continue;
       }
-      F16* pr = scores.data() + r * key_groups;
-      const int64_t seen = last_key(r) / kKeys + 1;
-      for (int64_t kg = 0; kg < seen; ++kg) {
-        const int32_t last_visible = static_cast<int32_t>(last_key(r) - kg * kKeys);
-        pr[kg] = lane <= last_visible ? pr[kg] * g.scale : splat(-std::numeric_limits<float>::infinity());
-      }
-      row_sum[r] = softmax_row(pr, seen, key_groups);
-      for (int64_t kg = 0; kg < key_groups; ++kg) store16(p16 + kg * 16, pr[kg]);
-      if (key_groups * 16 < padded_keys) std::memset(p16 + key_groups * 16, 0, 16 * sizeof(bf16));
+      row_sum[r] = softmax_row_bf16(scores.data() + r * key_groups, last_key(r), g.scale, p16, padded_keys);
     }
     // out = P V / row sums, up to four 16-dim blocks per pass over the row block's probabilities
     for (int64_t rb = 0; rb < blocks; ++rb) {
       const int64_t r_end = std::min(rows, rb * 16 + 16);
       const int64_t used_chunks = last_key(r_end - 1) / 32 + 1;
       const bf16* a_base = probs16.data() + rb * 16 * padded_keys;
-      for (int64_t nb0 = 0; nb0 < NV; nb0 += 4) {
-        const int64_t n = std::min<int64_t>(4, NV - nb0);
-        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-        for (int64_t c = 0; c < used_chunks; ++c) {
-          const bf16* b = values.data() + (c * NV + nb0) * 512;
-          _tile_loadd(4, a_base + 32 * c, padded_keys * 2);
-          _tile_loadd(5, b, 64);
-          _tile_dpbf16ps(0, 4, 5);
-          if (n > 1) { _tile_loadd(6, b + 512, 64); _tile_dpbf16ps(1, 4, 6); }
-          if (n > 2) { _tile_loadd(7, b + 1024, 64); _tile_dpbf16ps(2, 4, 7); }
-          if (n > 3) { _tile_loadd(5, b + 1536, 64); _tile_dpbf16ps(3, 4, 5); }
-        }
-        float* o = block_out.data() + nb0 * 16;
-        _tile_stored(0, o, D * 4);
-        if (n > 1) _tile_stored(1, o + 16, D * 4);
-        if (n > 2) _tile_stored(2, o + 32, D * 4);
-        if (n > 3) _tile_stored(3, o + 48, D * 4);
-      }
+      for (int64_t nb0 = 0; nb0 < NV; nb0 += 4)
+        tile_products(std::min<int64_t>(4, NV - nb0), used_chunks, a_base, padded_keys * 2, values.data() + nb0 * 512,
+                      NV * 512, 512, block_out.data() + nb0 * 16, D * 4);
       for (int64_t r = rb * 16; r < r_end; ++r) {
         const int64_t token = w.q_begin + r / group, h = kvh * group + r % group;
         bf16* dst = out + (token0 + token) * g.out_stride_token + h * g.out_stride_head;

@@ -28,6 +28,7 @@ namespace bulkrun_cpu {
 namespace {
 
 constexpr int64_t kQueryTile = 32;
+constexpr int64_t kAmxQueryTile = 64;  // on AMX: each item lays out its keys and values once, for more rows
 constexpr int64_t kKeys = 16;  // keys per score vector (one F16)
 constexpr int64_t kRowBlock = 8;  // query rows scored together against transposed keys
 // decode rows: each group of keys is prefetched into L2 a group ahead, and each key into L1 this many
@@ -390,6 +391,8 @@ void dispatch_head_dim(const std::vector<WorkItem>& items, const Geometry& g, co
 }  // namespace
 
 
+bool attention_amx();
+
 void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& query_start_loc,
                      const at::Tensor& seq_lens, double scale, at::Tensor& out) {
@@ -418,6 +421,8 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   g.out_stride_head = out.stride(1);
   g.scale = static_cast<float>(scale);
 
+  const bool amx = dtype == at::kBFloat16 && head_dim % 32 == 0 && attention_amx();
+  const int64_t tile_tokens = amx ? kAmxQueryTile : kQueryTile;
   const int64_t num_seqs = seq_lens.size(0);
   const int32_t* starts = query_start_loc.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
@@ -430,8 +435,8 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
     const int32_t* row = block_tables.data_ptr<int32_t>() + s * g.max_blocks;
     for (int64_t b = 0; b < needed; ++b)
       TORCH_CHECK(row[b] >= 0 && row[b] < k_cache.size(0), "block id ", row[b], " is outside the cache");
-    for (int32_t q0 = 0; q0 < n; q0 += kQueryTile) {
-      const int32_t q1 = std::min<int32_t>(n, q0 + kQueryTile);
+    for (int32_t q0 = 0; q0 < n; q0 += tile_tokens) {
+      const int32_t q1 = std::min<int32_t>(n, q0 + tile_tokens);
       items.push_back({static_cast<int32_t>(s), q0, q1, int64_t(q1 - q0) * (lens[s] - n + q1)});
     }
   }
