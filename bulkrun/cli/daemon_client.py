@@ -73,6 +73,14 @@ def installation_key() -> str:
     for name in sorted(os.environ):
         if name.startswith(_KEYED_ENV_PREFIXES) and name not in _UNKEYED_ENV:
             digest.update(f"{name}={os.environ[name]}\n".encode())
+    # the CPUs and control group this process may use: a job inside a Slurm allocation or a
+    # container's limits must not run in a daemon started outside them
+    digest.update(f"{sorted(os.sched_getaffinity(0))}\n".encode())
+    try:
+        with open("/proc/self/cgroup", "rb") as f:
+            digest.update(f.read())
+    except OSError:
+        pass
     return digest.hexdigest()[:24]
 
 
@@ -142,7 +150,7 @@ def run_in_daemon(argv: list[str]) -> int | None:
     if sock is None:
         return None
     with sock:
-        try:
+        try:  # (a working folder that is gone: the command runs here and says so itself)
             socket.send_fds(sock, [json.dumps(_job_header(argv)).encode() + b"\n"], _open_fds())
             messages = MessageReader(sock)
             started = messages.next()
@@ -168,7 +176,8 @@ def run_in_daemon(argv: list[str]) -> int | None:
 def _job_header(argv: list[str]) -> dict:
     umask = os.umask(0)
     os.umask(umask)
-    return {"argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ), "umask": umask}
+    return {"argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ), "umask": umask,
+            "nice": os.getpriority(os.PRIO_PROCESS, 0)}  # fmt: skip
 
 
 def _open_fds() -> list[int]:

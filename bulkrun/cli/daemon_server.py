@@ -33,6 +33,7 @@ import traceback
 from pathlib import Path
 
 from bulkrun.cli.daemon_client import MessageReader
+from bulkrun.exceptions import EXIT_FATAL
 
 _HEADER_LIMIT = 1 << 22
 
@@ -164,7 +165,7 @@ class Daemon:
     def _fork(self, conn: socket.socket, request: dict, fds: list[int]) -> None:
         pid = os.fork()
         if pid == 0:
-            code = 70  # EX_SOFTWARE, should the job's own handling fail
+            code = EXIT_FATAL  # should the job's own handling fail
             try:
                 code = _run_child(request, fds, self.threads, [conn, self.listener, *self._open_handles()])
             except BaseException:  # noqa: BLE001 - the child must end here, never return to the loop
@@ -229,6 +230,8 @@ def _run_child(request: dict, fds: list[int], threads: int, inherited: list) -> 
     os.setpgid(0, 0)  # its own process group: a signal to the daemon's group does not reach it
     os.chdir(request["cwd"])
     os.umask(request["umask"])
+    if request["nice"] > os.getpriority(os.PRIO_PROCESS, 0):  # `nice bulkrun ...` stays nice
+        os.setpriority(os.PRIO_PROCESS, 0, request["nice"])
     os.environ.clear()
     os.environ.update(request["env"])
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
