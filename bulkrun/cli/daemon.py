@@ -104,6 +104,7 @@ def status() -> int:
     for path in sorted(folder.glob("*.sock")):
         info = client.ask(path, "status", timeout=2.0)
         if info is None:
+            _remove_if_dead(path)
             continue
         found += 1
         model = f"{info['model']['path']} ({info['model']['dtype']})" if info["model"] else "no model"
@@ -114,6 +115,16 @@ def status() -> int:
     if not found:
         click.echo("bulkrun daemon: none running")
     return EXIT_OK
+
+
+def _remove_if_dead(path: Path) -> None:
+    """A socket nothing listens on is what a killed daemon leaves (a live one listens before its
+    socket gets its name): remove it."""
+    sock = client.connect(path, timeout=2.0)
+    if sock is not None:
+        sock.close()
+        return
+    path.unlink(missing_ok=True)
 
 
 def _folder() -> Path:

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -188,8 +189,12 @@ def test_start_status_stop_and_the_idle_timeout(tmp_path, cli_model):
         started = bulkrun(env, "daemon", "start", "--model", cli_model, "--idle-minutes", "60")
         assert started.returncode == 0 and "ready" in started.stdout, started.stderr
         assert "already running" in bulkrun(env, "daemon", "start", "--model", cli_model).stdout
+        dead = Path(folder, "d", "0123456789abcdef01234567.sock")  # what a daemon killed with -9 leaves
+        with socket.socket(socket.AF_UNIX) as left:
+            left.bind(str(dead))
         listed = bulkrun(env, "daemon", "status").stdout
-        assert str(cli_model) in listed and "(this environment)" in listed
+        assert str(cli_model) in listed and "(this environment)" in listed and listed.count("pid ") == 1
+        assert not dead.exists()
         stopped = bulkrun(env, "daemon", "stop")
         assert stopped.returncode == 0 and "stopping" in stopped.stdout
         assert status(env) is None and not list(Path(folder, "d").glob("*.sock"))
