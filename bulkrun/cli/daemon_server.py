@@ -126,7 +126,11 @@ class Daemon:
         self.listener = None
 
     def _accept(self) -> None:
-        conn, _ = self.listener.accept()
+        try:
+            conn, _ = self.listener.accept()
+        except OSError as exc:  # e.g. out of file descriptors: the client runs the command itself
+            _log(f"could not accept a command: {exc}")
+            return
         conn.settimeout(10.0)  # a client sends its whole request at once
         try:
             if _peer_uid(conn) != os.getuid():
@@ -163,7 +167,14 @@ class Daemon:
         conn.close()
 
     def _fork(self, conn: socket.socket, request: dict, fds: list[int]) -> None:
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # no process to spare: the client, told nothing, runs the command itself
+            _log(f"could not fork: {exc}")
+            conn.close()
+            for fd in fds:
+                os.close(fd)
+            return
         if pid == 0:
             code = EXIT_FATAL  # should the job's own handling fail
             try:
