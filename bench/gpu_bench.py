@@ -145,7 +145,9 @@ def run_engine(model_dir: Path, prompts: list[list[int]], args) -> Result:
     synchronize(args.device)
     totals = StepTotals()
     t0 = time.perf_counter()
-    by_id = {o.request_id: o for o in engine.stream(requests(prompts, args.output_len, "r"), on_step=totals.add)}
+    by_id = {
+        o.request_id: o for o in engine.stream(requests(prompts, args.output_len, "r"), on_step=totals.add)
+    }
     synchronize(args.device)
     elapsed = time.perf_counter() - t0
     outputs = [by_id[f"r{i}"] for i in range(len(prompts))]

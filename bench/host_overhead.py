@@ -122,7 +122,7 @@ def overlap(num_seqs: int, prompt_len: int, steps: int, device_ms: float) -> dic
 
         for _ in engine.stream(requests(num_seqs, prompt_len, steps + 4, vocab=64), on_step=on_step):
             pass
-        gaps = sorted(b - a for a, b in zip(stamps, stamps[1:]))
+        gaps = sorted(b - a for a, b in zip(stamps, stamps[1:], strict=False))
         out[name] = gaps[len(gaps) // 2] * 1e3
     return out
 

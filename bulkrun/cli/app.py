@@ -16,7 +16,9 @@ INPUT = click.argument("input", type=click.Path(path_type=Path), metavar="INPUT"
     name="bulkrun",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-@click.version_option(__version__, "--version", "-V", message="bulkrun %(version)s", help="Show the version and exit.")
+@click.version_option(
+    __version__, "--version", "-V", message="bulkrun %(version)s", help="Show the version and exit."
+)
 def app() -> None:
     """Offline bulk LLM inference: classify, generate, summarize and evaluate whole files on a
     continuous-batching engine, with resumable, checkpointed results.

@@ -39,7 +39,9 @@ def status(out: str, as_json: bool) -> int:
 
 @app.command()
 @OUT
-@click.option("--format", "-f", "fmt", default=None, help="results as jsonl or parquet (default: like the input).")
+@click.option(
+    "--format", "-f", "fmt", default=None, help="results as jsonl or parquet (default: like the input)."
+)
 @click.option("--force", is_flag=True, help="Export what is committed even if rows remain.")
 def export(out: str, fmt: str | None, force: bool) -> int:
     """Merge the committed shards of OUT (its --out, a path or a URI) into the final files

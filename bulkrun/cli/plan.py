@@ -16,7 +16,9 @@ from bulkrun.exceptions import EXIT_OK, UsageError
 @app.command()
 @SOURCE
 @options(SOURCE_OPTIONS, JOB_OPTIONS)
-@click.option("--prices", type=click.Path(path_type=Path), help="Provider batch price table (TOML; see README).")
+@click.option(
+    "--prices", type=click.Path(path_type=Path), help="Provider batch price table (TOML; see README)."
+)
 @click.option("--sample", type=int, help="Rows run on the engine to measure it (default 32).")
 @click.option("--no-sample", is_flag=True, help="Run nothing: token counts and bounds only.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")

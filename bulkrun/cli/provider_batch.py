@@ -17,7 +17,9 @@ from bulkrun.exceptions import EXIT_INCOMPLETE, EXIT_OK, EXIT_ROW_ERRORS
 @app.command("export-batch")
 @SOURCE
 @options(SOURCE_OPTIONS, JOB_OPTIONS)
-@click.option("--provider", required=True, type=click.Choice(["openai", "anthropic"]), help="openai or anthropic.")
+@click.option(
+    "--provider", required=True, type=click.Choice(["openai", "anthropic"]), help="openai or anthropic."
+)
 @click.option("--provider-model", required=True, help="The provider's model name written into every request.")
 @click.option("--overwrite", is_flag=True, help="Replace an earlier export in OUT/batch.")
 def export_batch(source: Path, provider: str, provider_model: str, overwrite: bool, opts: dict) -> int:
@@ -45,8 +47,12 @@ def export_batch(source: Path, provider: str, provider_model: str, overwrite: bo
 
 @app.command("import-batch")
 @click.argument("out", type=click.Path(path_type=Path), metavar="OUT")
-@click.argument("result_files", nargs=-1, required=True, type=click.Path(path_type=Path), metavar="RESULT_FILE...")
-@click.option("--export", "export_dir", type=click.Path(path_type=Path), help="The batch export (default: OUT/batch).")
+@click.argument(
+    "result_files", nargs=-1, required=True, type=click.Path(path_type=Path), metavar="RESULT_FILE..."
+)
+@click.option(
+    "--export", "export_dir", type=click.Path(path_type=Path), help="The batch export (default: OUT/batch)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print what was imported as JSON.")
 def import_batch(out: Path, result_files: tuple[Path, ...], export_dir: Path | None, as_json: bool) -> int:
     """Commit a provider's batch results as shards of the job in OUT: `status`, `export` and a resumed

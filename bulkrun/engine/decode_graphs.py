@@ -132,7 +132,9 @@ class DecodeGraphs:
             seq_lens=self.seq_lens[:size],
         )
         if runner.ops.backend == "reference":  # CPU only: the plan is host data, never captured
-            md.plan = plan_attention(md.block_tables, md.query_start_loc, md.seq_lens, runner.block_size, runner.dtype)
+            md.plan = plan_attention(
+                md.block_tables, md.query_start_loc, md.seq_lens, runner.block_size, runner.dtype
+            )
         return runner.model.final_hidden(
             self.input_ids[:size], md, runner.kv_cache.layers, self.logits_indices[:size]
         )

@@ -137,7 +137,7 @@ class Engine:
 
     def _check_stop_strings(self, sched: SchedulerOutput, finished: list[Request]) -> None:
         matchers = self._stop_matchers
-        for req, sample in zip(sched.requests, sched.samples):
+        for req, sample in zip(sched.requests, sched.samples, strict=True):
             if not sample:
                 continue
             matcher = matchers.get(req.request_id)

@@ -166,4 +166,3 @@ def compute_logprobs(rows: ScoreRows, logits, first_logit_row: int, result: Runn
             end = start + len(r.first_token_ids)
             result.first_token_logprobs[r.request_id] = values[start:end]
             start = end
-

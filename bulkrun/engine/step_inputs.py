@@ -106,7 +106,7 @@ class StepState:
         ids: list[int] = []
         scoring: list[int] = []  # indexes of scoring rows
         late: list[tuple[int, int]] = []  # (packed index, previous sample row)
-        for i, (r, start, n) in enumerate(zip(sched.requests, sched.starts, sched.num_tokens)):
+        for i, (r, start, n) in enumerate(zip(sched.requests, sched.starts, sched.num_tokens, strict=True)):
             tokens = r.token_ids
             if start + n <= len(tokens):
                 if n == 1:
@@ -152,7 +152,13 @@ class StepState:
             # fills it in from that step's tokens
             rows_late = other[in_flight].tolist()
             ids[rows_late] = 0
-            late = list(zip(rows_late, map(pending.__getitem__, (requests[i].request_id for i in rows_late))))
+            late = list(
+                zip(
+                    rows_late,
+                    map(pending.__getitem__, (requests[i].request_id for i in rows_late)),
+                    strict=True,
+                )
+            )
             for i in other[~in_flight].tolist():
                 ids[i] = requests[i].token_ids[starts[i]]
         scoring = np.flatnonzero(batch.compute_limit[rows] >= 0).tolist()

@@ -84,9 +84,7 @@ def _stream(session: JobSession, engine, writer: str, select, on_progress: Progr
     already = len(committed.done) if select is None else sum(1 for r in committed.done.rows() if select(r))
     total = session.total_rows if select is None else None
     # A caller with its own progress hook (a Ray worker) shows one bar for everyone: none here.
-    bar = ProgressBar(
-        total, already, stats, quiet=spec.quiet or on_progress is not None, label=spec.task
-    )
+    bar = ProgressBar(total, already, stats, quiet=spec.quiet or on_progress is not None, label=spec.task)
     calibrate_task(session.task, builder, engine)
     loop = JobLoop(engine, session.task, results, errors, stats, keep_fields=spec.keep_fields)
     loop.on_record, loop.on_step = _hooks(bar, stats, on_progress, already)

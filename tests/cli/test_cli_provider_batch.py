@@ -175,7 +175,9 @@ def test_a_json_schema_job_imports_with_its_json_column_and_invalid_outputs_as_e
     does: a valid one gets its parsed `json` column, one that does not validate is an error record."""
     source, flags = job
     schema = tmp_path / "schema.json"
-    schema.write_text(json.dumps({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}))
+    schema.write_text(
+        json.dumps({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
+    )
     out = tmp_path / "out"
     code, _, err = bulkrun(
         "export-batch", source, *flags, "--json-schema", schema, "--out", out,

@@ -189,7 +189,7 @@ class SimulatedDeviceRunner:
         self._prev_tokens: list[int] = []  # the same step's tokens (device side)
 
     def launch(self, out: SchedulerOutput):
-        prev = dict(zip(self._prev_ids, range(len(self._prev_ids))))
+        prev = dict(zip(self._prev_ids, range(len(self._prev_ids)), strict=True))
         inputs = self.state.build(out, prev)
         ids = [r.request_id for r in inputs.sample_requests]
         self._prev_ids = ids

@@ -259,7 +259,9 @@ def test_async_scheduling_gives_the_same_results_under_memory_pressure():
             requests.append(EngineRequest(f"s{i}", prompt, continuations=conts))
         else:
             stop = ("fg",) if i % 3 == 0 else ()
-            requests.append(gen(f"g{i}", prompt, max_tokens=rng.randrange(1, 16), stop=stop, logprobs=i % 5 == 0))
+            requests.append(
+                gen(f"g{i}", prompt, max_tokens=rng.randrange(1, 16), stop=stop, logprobs=i % 5 == 0)
+            )
     results = {}
     for flag in (False, True):
         runner = FakeRunner(num_blocks=16, block_size=4)
@@ -288,7 +290,9 @@ def test_a_device_that_answers_late_gives_the_reference_tokens(async_scheduling)
     from bulkrun.engine.engine import Engine
 
     runner = SimulatedDeviceRunner(device_seconds=0.001, num_blocks=64, block_size=4)
-    engine = Engine(runner, EngineConfig(block_size=4, max_num_batched_tokens=16, async_scheduling=async_scheduling))
+    engine = Engine(
+        runner, EngineConfig(block_size=4, max_num_batched_tokens=16, async_scheduling=async_scheduling)
+    )
     requests = [gen(f"r{i}", range(1 + i, 4 + 2 * i), max_tokens=3 + i) for i in range(8)]
     outs = engine.generate(requests)
     for req, out in zip(requests, outs, strict=True):

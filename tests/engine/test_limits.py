@@ -8,7 +8,11 @@ from bulkrun.engine.limits import choose_limits
 
 def test_a_large_gpu_gets_vllm_sized_steps():
     limits = choose_limits(EngineConfig(), "cuda", 141 << 30)
-    assert (limits.max_num_batched_tokens, limits.max_num_seqs, limits.chosen_for_device) == (16384, 1024, True)
+    assert (limits.max_num_batched_tokens, limits.max_num_seqs, limits.chosen_for_device) == (
+        16384,
+        1024,
+        True,
+    )
     small = choose_limits(EngineConfig(), "cuda", 24 << 30)
     assert (small.max_num_batched_tokens, small.max_num_seqs) == (8192, 256)
 
@@ -18,7 +22,12 @@ def test_the_cpu_keeps_small_steps_and_the_user_value_wins():
     assert (cpu.max_num_batched_tokens, cpu.max_num_seqs) == (1024, 256)
     mine = choose_limits(EngineConfig(max_num_batched_tokens=512, max_num_seqs=8), "cuda", 141 << 30)
     assert (mine.max_num_batched_tokens, mine.max_num_seqs, mine.chosen_for_device) == (512, 8, False)
-    assert set(mine.as_dict()) >= {"max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "profile_peak_bytes"}
+    assert set(mine.as_dict()) >= {
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "num_kv_blocks",
+        "profile_peak_bytes",
+    }
 
 
 def test_the_engine_runs_with_the_limits_the_runner_chose(make_engine):

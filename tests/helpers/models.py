@@ -11,7 +11,16 @@ from pathlib import Path
 
 # Small engine settings so a test allocates megabytes, not a free-memory-sized KV cache.
 # float32: outputs are compared token for token with transformers' fp32
-ENGINE_FLAGS = ["--dtype", "float32", "--kv-cache-mem", "16MiB", "--max-seqs", "16", "--max-batch-tokens", "512"]
+ENGINE_FLAGS = [
+    "--dtype",
+    "float32",
+    "--kv-cache-mem",
+    "16MiB",
+    "--max-seqs",
+    "16",
+    "--max-batch-tokens",
+    "512",
+]
 
 SPECIALS = ["<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
 CHAT_TEMPLATE = (
@@ -119,7 +128,9 @@ def build_tiny_model(kind: str, folder: Path, seed: int = 0, **config_overrides)
     torch.manual_seed(seed)
     config_class, settings = KINDS[kind]
     config = getattr(transformers, config_class)(**{**_COMMON, **settings, **config_overrides})
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, dtype=torch.float32, attn_implementation="eager"
+    )
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):

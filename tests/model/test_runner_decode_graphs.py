@@ -29,7 +29,14 @@ def model_dir(tmp_path_factory):
 
 
 def _run(model_dir, padded: bool, kernels: str):
-    config = EngineConfig(block_size=4, kv_cache_bytes=1 << 20, dtype="float32", max_num_seqs=8, kernels=kernels, cuda_graphs=False)
+    config = EngineConfig(
+        block_size=4,
+        kv_cache_bytes=1 << 20,
+        dtype="float32",
+        max_num_seqs=8,
+        kernels=kernels,
+        cuda_graphs=False,
+    )
     runner = ModelRunner(model_dir, config)
     used = []
     if padded:

@@ -16,7 +16,17 @@ from helpers.tasks import load_hf_model
 
 from bulkrun.cli import main
 
-ENGINE_FLAGS = ["--dtype", "float32", "--kv-cache-mem", "32MiB", "--max-seqs", "8", "--max-batch-tokens", "256", "--quiet"]
+ENGINE_FLAGS = [
+    "--dtype",
+    "float32",
+    "--kv-cache-mem",
+    "32MiB",
+    "--max-seqs",
+    "8",
+    "--max-batch-tokens",
+    "256",
+    "--quiet",
+]
 # The reference rows with ids; Parquet has one type per column, so answers are indices there.
 ROWS = [{"id": f"q{n}", **row} for n, row in enumerate(MC_ROWS)]
 # The empty context is scored by lm-evaluation-harness after BOS alone; bulkrun makes it a row error.
