@@ -12,17 +12,8 @@ from helpers.rows import read_jsonl, write_jsonl
 
 from bulkrun.cli import main
 
-ENGINE_FLAGS = [
-    "--dtype",
-    "float32",
-    "--kv-cache-mem",
-    "16MiB",
-    "--max-seqs",
-    "8",
-    "--max-batch-tokens",
-    "256",
-    "--quiet",
-]
+ENGINE_FLAGS = ["--dtype", "float32", "--kv-cache-mem", "16MiB", "--max-seqs", "8",
+                "--max-batch-tokens", "256", "--quiet"]  # fmt: skip
 TICKETS = [
     {"id": "a", "text": "I was charged twice.", "label": "billing"},
     {"id": "b", "text": "The app crashes on start.", "label": "bug"},
