@@ -50,7 +50,7 @@ FLAGS = ["--id-field", "id", "--max-tokens", "6", "--checkpoint-every", "3", "--
 @pytest.fixture(scope="module")
 def env():
     """The clients' and the daemon's environment: daemons allowed, in a folder of this module's."""
-    folder = tempfile.mkdtemp(prefix="bulkrun-daemon-test-")  # short: a socket path has 108 bytes
+    folder = tempfile.mkdtemp(prefix="bulkrun-daemon-test-", dir="/tmp")  # short: a socket path has 108 bytes
     env = {k: v for k, v in os.environ.items() if k != "BULKRUN_NO_DAEMON"}
     env["BULKRUN_DAEMON_DIR"] = f"{folder}/d"
     yield env
@@ -182,7 +182,7 @@ def test_another_environment_runs_in_its_own_process(tmp_path, env, daemon, cli_
 
 
 def test_start_status_stop_and_the_idle_timeout(tmp_path, cli_model):
-    folder = tempfile.mkdtemp(prefix="bulkrun-daemon-test-")
+    folder = tempfile.mkdtemp(prefix="bulkrun-daemon-test-", dir="/tmp")
     env = {k: v for k, v in os.environ.items() if k != "BULKRUN_NO_DAEMON"}
     env["BULKRUN_DAEMON_DIR"] = f"{folder}/d"
     try:
