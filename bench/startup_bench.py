@@ -26,8 +26,9 @@ from pathlib import Path
 
 PYTHON = sys.executable
 
-# Runs the CLI in a child process and prints when its first engine step ended (time.time()).
-CLI_CHILD = """
+# Makes a child process print when its first engine step ended (time.time()), to its stderr: in
+# a daemon's child that is the client's.
+MARK_FIRST_STEP = """
 import sys, time
 from bulkrun.engine import engine
 step = engine.Engine.step
@@ -38,27 +39,27 @@ def first_step(self, _done=[]):
         print("FIRST_STEP", time.time(), file=sys.stderr, flush=True)
     return out
 engine.Engine.step = first_step
+"""
+
+# The CLI in a child process.
+CLI_CHILD = (
+    MARK_FIRST_STEP
+    + """
 from bulkrun.cli import main
 sys.argv = ["bulkrun", *sys.argv[1:]]
 main()
 """
+)
 
-# The daemon, printing when a job's first engine step ended (to the job's stderr: its client's).
-DAEMON_SERVER = """
-import sys, time
-from bulkrun.engine import engine
-step = engine.Engine.step
-def first_step(self, _done=[]):
-    out = step(self)
-    if not _done:
-        _done.append(1)
-        print("FIRST_STEP", time.time(), file=sys.stderr, flush=True)
-    return out
-engine.Engine.step = first_step
+# The daemon (its jobs' first steps marked).
+DAEMON_SERVER = (
+    MARK_FIRST_STEP
+    + """
 from bulkrun.cli import daemon_client as client, daemon_server
 sys.argv = ["daemon_server", "--socket", str(client.socket_path(client.private_dir(create=True)))]
 daemon_server.main()
 """
+)
 
 # The CLI's loading path, one phase at a time (its durations printed as JSON).
 PHASES_CHILD = """
