@@ -33,7 +33,7 @@ _KEYED_ENV_PREFIXES = (
     "VIRTUAL_ENV",
 )  # fmt: skip
 _UNKEYED_ENV = {OFF_ENV}
-_PASSED_FDS = (0, 1, 2)
+PASSED_FDS = (0, 1, 2)  # stdin, stdout, stderr
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
@@ -183,7 +183,7 @@ def _job_header(argv: list[str]) -> dict:
 def _open_fds() -> list[int]:
     """stdin, stdout and stderr; /dev/null in place of one that is closed (cron may close stdin)."""
     fds = []
-    for fd in _PASSED_FDS:
+    for fd in PASSED_FDS:
         try:
             os.fstat(fd)
             fds.append(fd)

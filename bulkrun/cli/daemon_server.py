@@ -32,7 +32,7 @@ import time
 import traceback
 from pathlib import Path
 
-from bulkrun.cli.daemon_client import MessageReader
+from bulkrun.cli.daemon_client import PASSED_FDS, MessageReader
 from bulkrun.exceptions import EXIT_FATAL
 
 _HEADER_LIMIT = 1 << 22
@@ -53,7 +53,9 @@ class Daemon:
         self.served = 0
         self.jobs: dict[int, _Job] = {}  # by pidfd
         self.listener: socket.socket | None = None
-        self.stopping = False
+        # SIGTERM / SIGINT write a byte here (signal.set_wakeup_fd): the loop stops between jobs,
+        # never inside a handler that would close the listener under a running select()
+        self.signals, self._signals_in = socket.socketpair()
         self.threads = 1  # the thread count a fresh `bulkrun` process would run torch with
         self.resident: dict | None = None
 
@@ -88,12 +90,18 @@ class Daemon:
         self.last_active = time.monotonic()  # idle from now, not from the start of the load
         _log(f"ready at {self.path} (pid {os.getpid()})")
 
+    @property
+    def stopping(self) -> bool:
+        return self.listener is None
+
     # -- the loop --------------------------------------------------------------------------------
     def serve(self) -> None:
-        signal.signal(signal.SIGTERM, lambda *_: self.stop())
-        signal.signal(signal.SIGINT, lambda *_: self.stop())
+        self._signals_in.setblocking(False)
+        signal.set_wakeup_fd(self._signals_in.fileno())
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: None)  # handled: the wakeup byte does the rest
         while not (self.stopping and not self.jobs):
-            waiting = [*self.jobs, *(j.conn for j in self.jobs.values() if not j.client_gone)]
+            waiting = [self.signals, *self.jobs, *(j.conn for j in self.jobs.values() if not j.client_gone)]
             if self.listener is not None:
                 waiting.append(self.listener)
             timeout = None
@@ -104,7 +112,11 @@ class Daemon:
                 _log(f"idle for {self.idle_timeout:.0f} s: stopping")
                 self.stop()
             for item in ready:
-                if item is self.listener:
+                if item is self.signals:
+                    self.signals.recv(64)
+                    _log("asked to stop")
+                    self.stop()
+                elif item is self.listener:
                     self._accept()
                 elif isinstance(item, int):
                     self._reap(self.jobs.pop(item))
@@ -116,7 +128,6 @@ class Daemon:
         """Take no more jobs (new commands run in their own process); the running ones finish."""
         if self.listener is None:
             return
-        self.stopping = True
         try:
             if os.stat(self.path).st_ino == self.inode:  # still ours, not a newer daemon's
                 os.unlink(self.path)
@@ -135,7 +146,7 @@ class Daemon:
         try:
             if _peer_uid(conn) != os.getuid():
                 raise PermissionError("a client of another user")
-            data, fds, _, _ = socket.recv_fds(conn, 65536, len((0, 1, 2)))
+            data, fds, _, _ = socket.recv_fds(conn, 65536, len(PASSED_FDS))
             reader = MessageReader(conn, data)
             request = reader.next() if len(data) < _HEADER_LIMIT else None
         except (OSError, ValueError) as exc:
@@ -145,7 +156,7 @@ class Daemon:
         if request is None or "cmd" in request:
             self._control(conn, request)
             return
-        if self.stopping or len(fds) != 3:
+        if self.stopping or len(fds) != len(PASSED_FDS):
             conn.close()  # the client runs the command itself
             for fd in fds:
                 os.close(fd)
@@ -178,7 +189,7 @@ class Daemon:
         if pid == 0:
             code = EXIT_FATAL  # should the job's own handling fail
             try:
-                code = _run_child(request, fds, self.threads, [conn, self.listener, *self._open_handles()])
+                code = _run_child(request, fds, self.threads, [conn, *self._open_handles()])
             except BaseException:  # noqa: BLE001 - the child must end here, never return to the loop
                 traceback.print_exc()
             finally:
@@ -195,8 +206,9 @@ class Daemon:
             self._client_gone(job)
 
     def _open_handles(self) -> list:
-        """The other jobs' connections and pidfds, which a new child closes."""
-        return [handle for job in self.jobs.values() for handle in (job.conn, job.pidfd)]
+        """The daemon's sockets and the other jobs' connections and pidfds, which a new child closes."""
+        jobs = [handle for job in self.jobs.values() for handle in (job.conn, job.pidfd)]
+        return [self.listener, self.signals, self._signals_in, *jobs]
 
     def _reap(self, job: _Job) -> None:
         _, status = os.waitpid(job.pid, 0)
@@ -245,6 +257,7 @@ def _run_child(request: dict, fds: list[int], threads: int, inherited: list) -> 
         os.setpriority(os.PRIO_PROCESS, 0, request["nice"])
     os.environ.clear()
     os.environ.update(request["env"])
+    signal.set_wakeup_fd(-1)
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)

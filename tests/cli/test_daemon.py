@@ -221,3 +221,21 @@ def test_a_daemon_folder_others_can_enter_is_refused(tmp_path):
     env["BULKRUN_DAEMON_DIR"] = str(folder)
     ran = bulkrun(env, "daemon", "start", "--no-model")
     assert ran.returncode == 2 and "not private" in ran.stderr
+
+
+def test_sigterm_stops_the_daemon_cleanly():
+    folder = tempfile.mkdtemp(prefix="bulkrun-daemon-test-", dir="/tmp")
+    env = {k: v for k, v in os.environ.items() if k != "BULKRUN_NO_DAEMON"}
+    env["BULKRUN_DAEMON_DIR"] = f"{folder}/d"
+    try:
+        assert bulkrun(env, "daemon", "start", "--no-model").returncode == 0
+        os.kill(status(env)["pid"], signal.SIGTERM)  # as a system shutdown would
+        deadline = time.monotonic() + 60
+        while status(env) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert status(env) is None and not list(Path(folder, "d").glob("*.sock"))
+        log = next(Path(folder, "d").glob("*.log")).read_text()
+        assert "stopped" in log and "Traceback" not in log
+    finally:
+        bulkrun(env, "daemon", "stop", "--all")
+        shutil.rmtree(folder, ignore_errors=True)
