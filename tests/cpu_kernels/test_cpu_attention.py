@@ -147,7 +147,7 @@ def test_bf16_prompt_chunks_run_on_amx_where_the_cpu_has_it():
     from bulkrun_kernels.cpu_build import cpu_flags
 
     if not {"amx_tile", "amx_bf16"} <= cpu_flags() or os.environ.get("BULKRUN_CPU_AMX") == "0":
-        pytest.skip("no AMX on this CPU")
+        pytest.skip("no AMX on this CPU, or BULKRUN_CPU_AMX=0 turned it off")
     assert torch.ops.bulkrun_cpu.attention_amx()
 
 
