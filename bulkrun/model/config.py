@@ -1,8 +1,9 @@
-"""Our view of a Hugging Face config.json: the Llama-family fields the model needs, checked up front.
+"""Our view of a Hugging Face config.json: the fields the model families need, checked up front.
 
-Supported: Llama (incl. SmolLM2), Mistral, Qwen2 (q/k/v bias), Qwen3 (per-head q/k RMSNorm); tied or
-untied embeddings; rope types default, linear and llama3. Anything else is refused with a message that
-names what was found, before any weight is read.
+Supported: Llama (incl. SmolLM2), Mistral, Qwen2 (q/k/v bias), Qwen3 (per-head q/k RMSNorm); Gemma 2
+and Gemma 3 (text; per-layer sliding windows, two RoPE bases, GeGLU, soft-capping); the MoE families
+in moe_config.py. Tied or untied embeddings; rope types default, linear and llama3. Anything else is
+refused with a message that names what was found, before any weight is read.
 """
 
 from __future__ import annotations
@@ -15,11 +16,20 @@ from pathlib import Path
 import torch
 
 SUPPORTED_MODEL_TYPES = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
+    "llama": ("LlamaForCausalLM",),
+    "mistral": ("MistralForCausalLM",),
+    "qwen2": ("Qwen2ForCausalLM",),
+    "qwen3": ("Qwen3ForCausalLM",),
+    "gemma2": ("Gemma2ForCausalLM",),
+    "gemma3_text": ("Gemma3ForCausalLM",),
+    # the multimodal checkpoint: its text model only (text_config; the vision tower's weights unread)
+    "gemma3": ("Gemma3ForConditionalGeneration", "Gemma3ForCausalLM"),
+    "qwen2_moe": ("Qwen2MoeForCausalLM",),
+    "qwen3_moe": ("Qwen3MoeForCausalLM",),
+    "mixtral": ("MixtralForCausalLM",),
 }
+_GEMMA = ("gemma2", "gemma3_text")
+_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -48,6 +58,19 @@ class ModelConfig:
     mlp_bias: bool
     qk_norm: bool
     eos_token_ids: tuple[int, ...]
+    # --- what the families beyond Llama add (the defaults are Llama's) ---
+    hidden_act: str = "silu"  # the gated MLP's activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    layer_windows: tuple[int, ...] = ()  # per layer: its sliding window, 0 = full attention; () = all full
+    local_rope_theta: float | None = None  # the sliding layers' RoPE base where it differs (Gemma 3)
+    query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (Gemma); None: head_dim
+    attn_softcap: float = 0.0  # scores = cap * tanh(scores / cap) (Gemma 2); 0: off
+    final_softcap: float = 0.0  # the same on the logits
+    embed_scale: bool = False  # the embedding times sqrt(hidden), in the model dtype (Gemma)
+    norm_offset: bool = False  # RMSNorm weights stored as w - 1: (1 + w) * norm(x) (Gemma)
+    moe: object | None = None  # moe_config.MoeConfig for the mixture-of-experts families
+
+    def window(self, layer: int) -> int:
+        return self.layer_windows[layer] if self.layer_windows else 0
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path) -> ModelConfig:
@@ -60,8 +83,12 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, cfg: dict, extra_eos_token_ids=None) -> ModelConfig:
         model_type = _check_architecture(cfg)
-        if cfg.get("hidden_act", "silu") != "silu":
-            raise UnsupportedModelError(f"unsupported activation {cfg['hidden_act']!r} (only silu)")
+        if model_type == "gemma3":  # the text model of the multimodal checkpoint
+            cfg = {"eos_token_id": cfg.get("eos_token_id"), **cfg["text_config"], "model_type": "gemma3_text"}
+            model_type = "gemma3_text"
+        act = cfg.get("hidden_activation") or cfg.get("hidden_act", "silu")
+        if act not in _ACTIVATIONS:
+            raise UnsupportedModelError(f"unsupported activation {act!r} (only {', '.join(_ACTIVATIONS)})")
         num_heads = cfg["num_attention_heads"]
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // num_heads
         num_kv_heads = cfg.get("num_key_value_heads") or num_heads
@@ -72,6 +99,14 @@ class ModelConfig:
         rope_theta, rope_scaling = _rope(cfg)
         max_pos = cfg.get("max_position_embeddings", 2048)
         attention_bias = bool(cfg.get("attention_bias", False))
+        family = _gemma_fields(cfg, model_type) if model_type in _GEMMA else {}
+        if model_type in _GEMMA:
+            rope_theta, rope_scaling = family.pop("global_rope")
+        if model_type in ("qwen2_moe", "qwen3_moe", "mixtral"):
+            from bulkrun.model.moe_config import moe_fields
+
+            family = moe_fields(cfg, model_type)
+        sliding = None if model_type in _GEMMA else _sliding_window(cfg, model_type)
         return cls(
             model_type=model_type,
             vocab_size=cfg["vocab_size"],
@@ -85,20 +120,24 @@ class ModelConfig:
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
             max_position_embeddings=max_pos,
-            max_model_len=min(max_pos, _sliding_window(cfg, model_type) or max_pos),
+            max_model_len=min(max_pos, sliding or max_pos),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=model_type == "qwen2" or attention_bias,  # Qwen2 always has a q/k/v bias
             o_bias=attention_bias and model_type != "qwen2",
             mlp_bias=bool(cfg.get("mlp_bias", False)),
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "gemma3_text", "qwen3_moe"),
             eos_token_ids=tuple(sorted(_ids(cfg.get("eos_token_id")) | _ids(extra_eos_token_ids))),
+            hidden_act=_ACTIVATIONS[act],
+            **family,
         )
 
-    def inv_freq(self) -> torch.Tensor:
-        """Rotary inverse frequencies, computed exactly as transformers does for each rope type."""
+    def inv_freq(self, local: bool = False) -> torch.Tensor:
+        """Rotary inverse frequencies, computed exactly as transformers does for each rope type;
+        local: the sliding layers' (their own base, no scaling) where the model has one."""
         dim = self.head_dim
-        inv_freq = 1.0 / (self.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-        scaling = self.rope_scaling
+        theta = self.local_rope_theta if local else self.rope_theta
+        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        scaling = None if local else self.rope_scaling
         if scaling is None:
             return inv_freq
         if scaling["rope_type"] == "linear":
@@ -115,18 +154,20 @@ def _check_architecture(cfg: dict) -> str:
             f"unsupported model type {model_type!r} (architectures {architectures}); bulkrun runs {known}"
         )
     expected = SUPPORTED_MODEL_TYPES[model_type]
-    if architectures and any(a != expected for a in architectures):
+    if architectures and any(a not in expected for a in architectures):
         raise UnsupportedModelError(
-            f"unsupported architectures {architectures} for model type {model_type!r}; expected {expected}"
+            f"unsupported architectures {architectures} for model type {model_type!r}; expected {expected[0]}"
         )
     return model_type
 
 
-def _rope(cfg: dict) -> tuple[float, dict | None]:
-    """(theta, scaling) from transformers 5's rope_parameters or the older rope_theta / rope_scaling."""
-    params = dict(cfg.get("rope_scaling") or {})
-    params.update(cfg.get("rope_parameters") or {})
-    theta = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+def _rope(cfg: dict, params: dict | None = None, default_theta: float = 10000.0) -> tuple[float, dict | None]:
+    """(theta, scaling) from transformers 5's rope_parameters or the older rope_theta / rope_scaling
+    (or from `params`, one layer type's entry of a per-layer-type rope_parameters)."""
+    if params is None:
+        params = dict(cfg.get("rope_scaling") or {})
+        params.update(cfg.get("rope_parameters") or {})
+    theta = float(params.get("rope_theta", cfg.get("rope_theta", default_theta)))
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedModelError(
@@ -155,6 +196,48 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
     return torch.where(is_medium, smoothed, scaled)
+
+
+def _gemma_fields(cfg: dict, model_type: str) -> dict:
+    """Gemma 2 / 3: the per-layer windows, both RoPE bases, the attention scale and the soft-caps."""
+    if cfg.get("use_bidirectional_attention"):
+        raise UnsupportedModelError(
+            "unsupported use_bidirectional_attention=True (an encoder; bulkrun decodes)"
+        )
+    num_layers = cfg["num_hidden_layers"]
+    layer_types = cfg.get("layer_types")
+    if layer_types is None:  # configs older than layer_types: Gemma 2 alternates, Gemma 3 has a pattern
+        pattern = 2 if model_type == "gemma2" else int(cfg.get("sliding_window_pattern", 6))
+        layer_types = [
+            "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)
+        ]
+    unknown = set(layer_types) - {"sliding_attention", "full_attention"}
+    if unknown or len(layer_types) != num_layers:
+        raise UnsupportedModelError(f"unsupported layer_types {layer_types} for {num_layers} layers")
+    window = int(cfg.get("sliding_window") or 0)
+    if window <= 0 and "sliding_attention" in layer_types:
+        raise UnsupportedModelError("sliding_attention layers without a sliding_window")
+    per_type = cfg.get("rope_parameters") or {}
+    if "full_attention" in per_type:  # transformers 5: one rope entry per layer type
+        global_rope = _rope(cfg, dict(per_type["full_attention"]), 1_000_000.0)
+        local_rope = _rope(cfg, dict(per_type.get("sliding_attention") or {}), 10000.0)
+    else:
+        global_rope = _rope(cfg)
+        local_rope = (float(cfg.get("rope_local_base_freq", global_rope[0])), None)
+    if model_type == "gemma2":  # one RoPE for every layer
+        local_rope = (None, None)
+    if local_rope[1] is not None:
+        raise UnsupportedModelError(f"unsupported rope scaling {local_rope[1]} on the sliding layers")
+    return {
+        "global_rope": global_rope,
+        "layer_windows": tuple(window if t == "sliding_attention" else 0 for t in layer_types),
+        "local_rope_theta": local_rope[0],
+        "query_pre_attn_scalar": float(cfg.get("query_pre_attn_scalar") or cfg["head_dim"]),
+        "attn_softcap": float(cfg.get("attn_logit_softcapping") or 0.0),
+        "final_softcap": float(cfg.get("final_logit_softcapping") or 0.0),
+        "embed_scale": True,
+        "norm_offset": True,
+    }
 
 
 def _sliding_window(cfg: dict, model_type: str) -> int | None:

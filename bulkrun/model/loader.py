@@ -1,5 +1,5 @@
-"""Load a Hugging Face safetensors checkpoint into our fused-projection model (on the CPU, from the
-converted copy weight_cache keeps after the first load)."""
+"""Load a Hugging Face safetensors checkpoint into our fused-projection model of its family (on the
+CPU, from the converted copy weight_cache keeps after the first load)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,12 @@ from safetensors import safe_open
 
 from bulkrun.model import weight_cache
 from bulkrun.model.config import ModelConfig
+from bulkrun.model.decoder import DecoderLM
+from bulkrun.model.gemma import GemmaForCausalLM
 from bulkrun.model.llama import LlamaForCausalLM
+
+# model type -> our model class (the Llama family otherwise)
+_FAMILIES: dict[str, type[DecoderLM]] = {"gemma2": GemmaForCausalLM, "gemma3_text": GemmaForCausalLM}
 
 # Our fused parameter <- transformers' parameters, concatenated along dim 0 in this order.
 _FUSED = {
@@ -27,8 +32,19 @@ _FUSED = {
     "mlp.down.bias": ("mlp.down_proj.bias",),
     "input_norm": ("input_layernorm.weight",),
     "post_attention_norm": ("post_attention_layernorm.weight",),
+    "pre_feedforward_norm": ("pre_feedforward_layernorm.weight",),
+    "post_feedforward_norm": ("post_feedforward_layernorm.weight",),
 }
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# a multimodal checkpoint's text model, under the names a text-only one uses; its vision tower unread
+_RENAMED_PREFIXES = {"model.language_model.": "model.", "language_model.model.": "model.",
+                     "language_model.lm_head.": "lm_head."}  # fmt: skip
+_UNREAD_PREFIXES = (
+    "model.vision_tower.",
+    "model.multi_modal_projector.",
+    "vision_tower.",
+    "multi_modal_projector.",
+)
 
 
 # A CPU model in a narrower dtype keeps these in float32: the LM head's logits (and the exact greedy
@@ -41,11 +57,15 @@ def param_dtype(name: str, dtype: torch.dtype, device: torch.device) -> torch.dt
     return torch.float32 if device.type == "cpu" and name in _FP32_ON_CPU else dtype
 
 
-def load_model(model_dir: str | Path, ops, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+def model_class(cfg: ModelConfig) -> type[DecoderLM]:
+    return _FAMILIES.get(cfg.model_type, LlamaForCausalLM)
+
+
+def load_model(model_dir: str | Path, ops, dtype: torch.dtype, device: torch.device) -> DecoderLM:
     """Build the model for model_dir's config and fill every parameter from its safetensors files."""
     model_dir = Path(model_dir)
     cfg = ModelConfig.from_model_dir(model_dir)
-    model = LlamaForCausalLM(cfg, ops)
+    model = model_class(cfg)(cfg, ops)
     cached = weight_cache.cache_path(model_dir, dtype) if _cacheable(model_dir, device) else None
     if cached is None or not _fill_from_cache(model, cached, dtype, device):
         _fill_from_checkpoint(model, model_dir, cfg, dtype, device)
@@ -63,7 +83,7 @@ def _cacheable(model_dir: Path, device: torch.device) -> bool:
     return device.type == "cpu" and weight_cache.worth_caching(model_dir)
 
 
-def _fill_from_cache(model: LlamaForCausalLM, path: Path, dtype: torch.dtype, device: torch.device) -> bool:
+def _fill_from_cache(model: DecoderLM, path: Path, dtype: torch.dtype, device: torch.device) -> bool:
     """Point every parameter at its tensor in the mapped cache file; False (nothing changed) when
     there is no file or it does not hold exactly this model's parameters."""
     tensors = weight_cache.read(path)
@@ -93,6 +113,8 @@ def _fill_from_checkpoint(model, model_dir: Path, cfg: ModelConfig, dtype, devic
         )
         if value.shape != param.shape:
             raise ValueError(f"{sources[0]} has shape {tuple(value.shape)}, expected {tuple(param.shape)}")
+        if cfg.norm_offset and name.endswith("norm"):  # Gemma's (1 + w) RMSNorm, as a plain weight
+            value = value.float() + 1.0
         param.data = value.to(device=device, dtype=param_dtype(name, dtype, device)).contiguous()
         used.update(sources)
     if cfg.tie_word_embeddings:
@@ -126,5 +148,13 @@ def _open_checkpoint(model_dir: Path) -> dict:
     for file in files:
         handle = safe_open(str(model_dir / file), framework="pt")
         for key in handle.keys():
-            loaders[key] = lambda h=handle, k=key: h.get_tensor(k)
+            if not key.startswith(_UNREAD_PREFIXES):
+                loaders[_text_model_name(key)] = lambda h=handle, k=key: h.get_tensor(k)
     return loaders
+
+
+def _text_model_name(key: str) -> str:
+    for prefix, renamed in _RENAMED_PREFIXES.items():
+        if key.startswith(prefix):
+            return renamed + key[len(prefix) :]
+    return key

@@ -105,6 +105,32 @@ KINDS = {
     "mistral": ("MistralConfig", dict(sliding_window=None, tie_word_embeddings=False)),
     "qwen2": ("Qwen2Config", dict(tie_word_embeddings=False)),  # q/k/v bias
     "qwen3": ("Qwen3Config", dict(head_dim=16, tie_word_embeddings=True)),  # per-head q/k norm
+    # sliding layers (window 8: the tests' prompts are longer) beside full ones, soft-capped scores
+    # and logits, query_pre_attn_scalar apart from head_dim
+    "gemma2": (
+        "Gemma2Config",
+        dict(
+            head_dim=16,
+            sliding_window=8,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=4.0,
+            final_logit_softcapping=8.0,
+        ),
+    ),
+    # 5 sliding layers per full one, local / global RoPE bases (the global one linearly scaled),
+    # q/k norms, head_dim 256
+    "gemma3": (
+        "Gemma3TextConfig",
+        dict(
+            num_hidden_layers=6,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=256,
+            sliding_window=8,
+            query_pre_attn_scalar=64,
+            rope_scaling={"rope_type": "linear", "factor": 4.0},
+        ),
+    ),
 }
 
 
@@ -123,10 +149,12 @@ def build_tiny_model(kind: str, folder: Path, seed: int = 0, **config_overrides)
     model = transformers.AutoModelForCausalLM.from_config(
         config, dtype=torch.float32, attn_implementation="eager"
     )
+    # Gemma's norms multiply by (1 + weight): theirs are drawn around 0 so every norm scales by ~1
+    norm_center = 0.0 if config.model_type.startswith("gemma") else 1.0
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+                p.copy_(norm_center + 0.2 * torch.randn_like(p))
             else:
                 p.copy_(torch.randn_like(p) * (0.3 if p.ndim == 1 else p.shape[-1] ** -0.5))
     model.eval()

@@ -34,7 +34,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     dtype_reason: str
-    model: Any  # bulkrun.model.llama.LlamaForCausalLM
+    model: Any  # bulkrun.model.decoder.DecoderLM (the family's subclass)
     greedy_head: Any  # exact argmax from a bf16 screen, None where that is not faster
     onednn: bool  # the linears are packed for oneDNN
 
