@@ -30,6 +30,7 @@ class KernelOps:
     rotary: Callable
     silu_and_mul: Callable
     gelu_tanh_and_mul: Callable
+    fused_moe: Callable
 
 
 def triton_available() -> bool:
@@ -77,6 +78,7 @@ def _ops_from(backend: str, module) -> KernelOps:
         rotary=module.rotary,
         silu_and_mul=module.silu_and_mul,
         gelu_tanh_and_mul=module.gelu_tanh_and_mul,
+        fused_moe=module.fused_moe,
     )
 
 
@@ -94,6 +96,7 @@ def _triton_ops(device) -> KernelOps:
     if not triton_available():
         raise ValueError("kernel backend 'triton' needs the triton package; install it or use 'reference'")
     from .activation import gelu_tanh_and_mul, silu_and_mul
+    from .grouped_gemm import fused_moe
     from .kv_write import write_kv
     from .paged_attention import _paged_attention_kernel, paged_attention
     from .rmsnorm import rms_norm
@@ -112,6 +115,7 @@ def _triton_ops(device) -> KernelOps:
         rotary=rotary,
         silu_and_mul=silu_and_mul,
         gelu_tanh_and_mul=gelu_tanh_and_mul,
+        fused_moe=fused_moe,
     )
 
 

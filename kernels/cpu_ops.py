@@ -128,5 +128,9 @@ def _gated(x, out, native, fallback):
     return out
 
 
+# Mixture of experts on the CPU: one oneDNN/MKL matmul per non-empty expert over its gathered rows
+fused_moe = reference.fused_moe
+
+
 def _i32(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.int32 and t.is_contiguous() else t.to(torch.int32).contiguous()

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .moe_routing import combine, sort_by_expert
+
 # Sequences per decode group: small enough that a group's gathered K/V stays in the CPU cache
 # (4 x 400 tokens x 3 heads x 64 x 4 B x 2 = 2.5 MB), large enough to amortise the per-call overhead.
 # Measured (48 sequences, one thread): groups of 2-6 within noise of each other, 12+ clearly slower.
@@ -290,3 +292,28 @@ def gelu_tanh_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch
     gate, up = x.chunk(2, dim=-1)
     act = F.gelu(gate, approximate="tanh")
     return torch.mul(act, up, out=out) if out is not None else act * up
+
+
+def fused_moe(
+    x: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    w_down: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    activation: str = "silu",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mixture-of-experts MLP: out[t] = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]), each
+    expert down(act(gate) * up) with w_gate_up [E, 2I, H] and w_down [E, H, I]. Tokens sorted by
+    expert, one matmul per non-empty expert over its gathered rows (moe_routing). Returns (out [T, H],
+    tokens per expert [E])."""
+    num_experts, k = w_gate_up.shape[0], topk_ids.shape[1]
+    order, counts, offsets = sort_by_expert(topk_ids, num_experts)
+    rows = x.index_select(0, order // k)
+    y = torch.empty(rows.shape[0], w_down.shape[1], dtype=x.dtype, device=x.device)
+    act = gelu_tanh_and_mul if activation == "gelu_tanh" else silu_and_mul
+    bounds = offsets.tolist()
+    for e in range(num_experts):
+        start, end = bounds[e], bounds[e + 1]
+        if start < end:
+            y[start:end] = F.linear(act(F.linear(rows[start:end], w_gate_up[e])), w_down[e])
+    return combine(y, order, topk_weights, x.dtype), counts

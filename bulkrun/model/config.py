@@ -29,6 +29,7 @@ SUPPORTED_MODEL_TYPES = {
     "mixtral": ("MixtralForCausalLM",),
 }
 _GEMMA = ("gemma2", "gemma3_text")
+_QKV_BIAS = ("qwen2", "qwen2_moe")
 _ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -122,8 +123,8 @@ class ModelConfig:
             max_position_embeddings=max_pos,
             max_model_len=min(max_pos, sliding or max_pos),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=model_type == "qwen2" or attention_bias,  # Qwen2 always has a q/k/v bias
-            o_bias=attention_bias and model_type != "qwen2",
+            qkv_bias=model_type in _QKV_BIAS or attention_bias,  # Qwen2 always has a q/k/v bias
+            o_bias=attention_bias and model_type not in _QKV_BIAS,
             mlp_bias=bool(cfg.get("mlp_bias", False)),
             qk_norm=model_type in ("qwen3", "gemma3_text", "qwen3_moe"),
             eos_token_ids=tuple(sorted(_ids(cfg.get("eos_token_id")) | _ids(extra_eos_token_ids))),
@@ -243,7 +244,9 @@ def _gemma_fields(cfg: dict, model_type: str) -> dict:
 def _sliding_window(cfg: dict, model_type: str) -> int | None:
     """A window only matters once a sequence outgrows it; we cap the context there instead."""
     window = cfg.get("sliding_window")
-    if model_type in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
+    if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and not cfg.get(
+        "use_sliding_window", False
+    ):
         return None
     return window or None
 

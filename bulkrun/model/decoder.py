@@ -40,6 +40,10 @@ class DecoderLM(nn.Module):
     def make_layer(self, cfg: ModelConfig, index: int) -> nn.Module:
         raise NotImplementedError
 
+    def expert_load(self) -> torch.Tensor | None:
+        """Tokens per expert in the last step (mixture-of-experts families); None for a dense model."""
+        return None
+
     def init_rotary(self, max_positions: int) -> None:
         """cos_sin_cache[p] = [cos(p * f) | sin(p * f)], computed in fp32 as transformers does. On the
         CPU it stays fp32 whatever the model's dtype (the rotation runs in fp32 and rounds q and k

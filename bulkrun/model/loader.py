@@ -14,9 +14,20 @@ from bulkrun.model.config import ModelConfig
 from bulkrun.model.decoder import DecoderLM
 from bulkrun.model.gemma import GemmaForCausalLM
 from bulkrun.model.llama import LlamaForCausalLM
+from bulkrun.model.moe import MoeForCausalLM
 
 # model type -> our model class (the Llama family otherwise)
-_FAMILIES: dict[str, type[DecoderLM]] = {"gemma2": GemmaForCausalLM, "gemma3_text": GemmaForCausalLM}
+_FAMILIES: dict[str, type[DecoderLM]] = {
+    "gemma2": GemmaForCausalLM, "gemma3_text": GemmaForCausalLM,
+    "qwen2_moe": MoeForCausalLM, "qwen3_moe": MoeForCausalLM, "mixtral": MoeForCausalLM,
+}  # fmt: skip
+# An MoE block's parameters <- transformers' per-expert weights ({e}: every expert in turn), by family:
+# (block prefix, gate, up, down) names
+_MOE_NAMES = {
+    "mixtral": ("block_sparse_moe", "w1", "w3", "w2"),
+    "qwen2_moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
+    "qwen3_moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
+}
 
 # Our fused parameter <- transformers' parameters, concatenated along dim 0 in this order.
 _FUSED = {
@@ -111,6 +122,8 @@ def _fill_from_checkpoint(model, model_dir: Path, cfg: ModelConfig, dtype, devic
         value = (
             torch.cat([tensors[s]() for s in sources], dim=0) if len(sources) > 1 else tensors[sources[0]]()
         )
+        if param.dim() == 3 and value.numel() == param.numel():  # experts stacked: [E * rows, cols]
+            value = value.view(param.shape)
         if value.shape != param.shape:
             raise ValueError(f"{sources[0]} has shape {tuple(value.shape)}, expected {tuple(param.shape)}")
         if cfg.norm_offset and name.endswith("norm"):  # Gemma's (1 + w) RMSNorm, as a plain weight
@@ -132,7 +145,29 @@ def _sources(name: str, cfg: ModelConfig) -> tuple[str, ...]:
     if name == "lm_head.weight":
         return ("lm_head.weight",)
     _, index, local = name.split(".", 2)  # layers.{i}.{local}
+    if local.startswith("mlp.") and local.split(".")[1] in _MOE_PARAMS:
+        return tuple(f"model.layers.{index}.{s}" for s in _moe_sources(local.split(".", 1)[1], cfg))
     return tuple(f"model.layers.{index}.{s}" for s in _FUSED[local])
+
+
+_MOE_PARAMS = ("router", "w_gate_up", "w_down", "shared_expert", "shared_expert_gate")
+
+
+def _moe_sources(local: str, cfg: ModelConfig) -> tuple[str, ...]:
+    block, gate, up, down = _MOE_NAMES[cfg.model_type]
+    experts = range(cfg.moe.num_experts)
+    if local == "router.weight":
+        return (f"{block}.gate.weight",)
+    if local == "w_gate_up":
+        return tuple(f"{block}.experts.{e}.{w}.weight" for e in experts for w in (gate, up))
+    if local == "w_down":
+        return tuple(f"{block}.experts.{e}.{down}.weight" for e in experts)
+    if local == "shared_expert_gate.weight":
+        return (f"{block}.shared_expert_gate.weight",)
+    # the shared expert: a dense gated MLP under the block's name
+    return tuple(
+        f"{block}.shared_expert.{s.removeprefix('mlp.')}" for s in _FUSED[f"mlp.{local.split('.', 1)[1]}"]
+    )
 
 
 def _open_checkpoint(model_dir: Path) -> dict:

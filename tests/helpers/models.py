@@ -131,7 +131,13 @@ KINDS = {
             rope_scaling={"rope_type": "linear", "factor": 4.0},
         ),
     ),
-}
+    # mixtures of experts: 4 experts, top 2; Qwen3-MoE renormalized, with a dense layer among the sparse
+    "qwen3_moe": ("Qwen3MoeConfig", dict(head_dim=16, num_experts=4, num_experts_per_tok=2,
+                                         moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1])),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                         shared_expert_intermediate_size=48, norm_topk_prob=False)),
+    "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None)),
+}  # fmt: skip
 
 
 def build_tiny_model(kind: str, folder: Path, seed: int = 0, **config_overrides):

@@ -15,7 +15,7 @@ from bulkrun.engine.load import load_engine
 from bulkrun_kernels import cpu_build
 
 NEW_TOKENS = 64
-FAMILIES = ["gemma2", "gemma3"]
+FAMILIES = ["gemma2", "gemma3", "qwen3_moe", "qwen2_moe", "mixtral"]
 
 
 def _prompts() -> list[list[int]]:
@@ -53,3 +53,10 @@ def test_greedy_equals_transformers_with_chunks_and_prefix_hits(family, kernels)
     assert [o.output_token_ids for o in outputs] == expected
     assert sum(s.prefix_cache_hit_tokens for s in steps) >= 32
     assert any(s.num_prefill_tokens and s.num_decode_tokens for s in steps)  # chunks among decodes
+    moe = engine.runner.model.cfg.moe
+    routed = sum(sum(s.expert_tokens) for s in steps if s.expert_tokens is not None)
+    if moe is None:
+        assert routed == 0
+    else:  # every computed token went to top_k experts in every sparse layer, and the stats say so
+        scheduled = sum(s.num_scheduled_tokens for s in steps)
+        assert routed == scheduled * moe.top_k * sum(moe.sparse_layers)

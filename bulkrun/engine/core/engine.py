@@ -61,6 +61,7 @@ class Engine:
             self.tokenizer, self.vocab_size, runner.eos_token_ids, self.config.grammar_time_limit_s
         )
         self.last_stats = StepStats(kv_blocks_total=self.pool.num_blocks)
+        self._expert_tokens: tuple[int, ...] | None = None  # the landed step's expert load (MoE models)
 
     # ---- intake -------------------------------------------------------------------------------
 
@@ -120,7 +121,9 @@ class Engine:
         return outputs
 
     def _land(self, sched: SchedulerOutput, handle: Any) -> list[Request]:
-        finished = self.scheduler.update(sched, handle.result())
+        result = handle.result()
+        self._expert_tokens = result.expert_tokens
+        finished = self.scheduler.update(sched, result)
         if self.constrained.active:
             self.constrained.advance(sched.requests, sched.samples, finished, self.scheduler.finish_request)
         if self._stop_matchers:
@@ -187,7 +190,9 @@ class Engine:
             prefix_cache_hit_tokens=sched.num_prefix_hit_tokens,
             num_finished=len(outputs),
             num_generated_tokens=int(sched.array("samples").sum()),
+            expert_tokens=self._expert_tokens,
         )
+        self._expert_tokens = None
 
     # ---- driving ------------------------------------------------------------------------------
 

@@ -42,3 +42,5 @@ class StepStats:
     prefix_cache_hit_tokens: int = 0  # prompt tokens newly admitted from the cache this step
     num_finished: int = 0
     num_generated_tokens: int = 0  # rows that sample a token this step
+    # mixture of experts: tokens per expert (summed over the MoE layers) of the step that landed
+    expert_tokens: tuple[int, ...] | None = None

@@ -14,6 +14,8 @@ class RunnerOutput:
     # the same tokens in the order of the step's sample rows, where the runner has them so (a
     # list or an int64 numpy array)
     sampled_tokens: Sequence[int] | None = None
+    # mixture-of-experts models: tokens routed to each expert this step, summed over the MoE layers
+    expert_tokens: tuple[int, ...] | None = None
     # request_id -> log-probability of that token (only for requests with params.logprobs)
     sampled_logprobs: dict[str, float] = field(default_factory=dict)
     # request_id -> log-probabilities of token_ids[p + 1] for each computed position p of this chunk

@@ -110,7 +110,7 @@ class ModelRunner:
         plain = out.batch is not None and out.batch.num_not_plain_greedy == 0
         tokens = self._sample(requests, h, inputs, result, masks, plain)
         self._prev_tokens, self._prev_rows = tokens, _RowOf(requests)
-        return StepHandle(result, tokens, requests)
+        return StepHandle(result, tokens, requests, self.model.expert_load())
 
     def _final_hidden(self, inputs: StepInputs) -> torch.Tensor:
         # a decode step in which every row samples: its logits rows are exactly its rows
@@ -254,8 +254,10 @@ def _without_rows(h: torch.Tensor, rows: list[int]) -> torch.Tensor:
 class StepHandle:
     """A launched step: result() waits for its sampled tokens and returns the RunnerOutput."""
 
-    def __init__(self, result: RunnerOutput, tokens: torch.Tensor | None = None, requests: list = ()):
+    def __init__(self, result: RunnerOutput, tokens: torch.Tensor | None = None, requests: list = (),
+                 expert_tokens: torch.Tensor | None = None):  # fmt: skip
         self._result, self._requests = result, requests
+        self._expert_tokens = expert_tokens  # [E] on the device, read with the tokens
         self._tokens = tokens
         self._event = None
         if tokens is not None and tokens.is_cuda:  # copy back without blocking; wait in result()
@@ -272,6 +274,9 @@ class StepHandle:
                 self._event.synchronize()
             self._result.sampled_tokens = self._tokens.numpy()  # host memory (pinned on CUDA)
             self._tokens = None
+        if self._expert_tokens is not None:
+            self._result.expert_tokens = tuple(self._expert_tokens.tolist())
+            self._expert_tokens = None
         if by_request_id and self._result.sampled_tokens is not None and not self._result.sampled:
             ids = map(_request_id, self._requests)
             self._result.sampled = dict(zip(ids, self._result.sampled_tokens.tolist(), strict=True))

@@ -1,0 +1,37 @@
+"""The token bookkeeping of a fused mixture-of-experts step, in plain PyTorch (any device, no host sync).
+
+Each token's k chosen experts make T * k (token, slot) rows. They are sorted by expert (stable, so
+each expert's rows keep token order), gathered into one [T * k, hidden] matrix in which every
+expert owns one contiguous run (offsets[e]:offsets[e + 1]), and run as grouped GEMMs over those runs:
+one matmul per expert over all its tokens, never a loop over tokens. combine() puts the rows back in
+(token, slot) order and adds each token's k weighted expert outputs in slot order, so a token's
+result never depends on which other tokens share the step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def sort_by_expert(topk_ids: torch.Tensor, num_experts: int):
+    """(order, counts, offsets): order[i] = the (token * k + slot) row at sorted position i; counts
+    [E] int64 rows per expert (the step's expert load); offsets [E + 1] int32 run bounds."""
+    flat = topk_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=num_experts)
+    offsets = torch.zeros(num_experts + 1, dtype=torch.int32, device=flat.device)
+    offsets[1:] = torch.cumsum(counts, 0)
+    return order, counts, offsets
+
+
+def combine(y_sorted: torch.Tensor, order: torch.Tensor, topk_weights: torch.Tensor, dtype) -> torch.Tensor:
+    """[T * k, H] expert outputs in sorted order -> [T, H]: sum over slots of weight * output, each
+    product rounded to `dtype` before the sum (as transformers adds them into a `dtype` buffer)."""
+    num_tokens, k = topk_weights.shape
+    y = torch.empty_like(y_sorted)
+    y[order] = y_sorted
+    weighted = (y.view(num_tokens, k, y.shape[1]) * topk_weights.unsqueeze(-1)).to(dtype)
+    out = weighted[:, 0]
+    for slot in range(1, k):  # slot order, left to right
+        out = out + weighted[:, slot]
+    return out
