@@ -42,7 +42,7 @@ def test_runners_on_the_resident_model_compute_what_their_own_loads_compute(fold
     tokens = [3, 9, 27, 17, 5, 7]
 
     def step(runner):
-        request = Request("a", SamplingParams(max_tokens=1, logprobs=True), tokens, len(tokens), arrival=0)
+        request = Request("a", SamplingParams(max_tokens=1, logprobs=True), tokens, len(tokens))
         request.block_table = [0, 1]
         out = runner.execute(SchedulerOutput(scheduled=[ScheduledRequest(request, len(tokens), True)]))
         return out.sampled["a"], out.sampled_logprobs["a"]
