@@ -38,12 +38,13 @@ from bulkrun.io.manifest import (
     write_or_check_manifest,
 )
 from bulkrun.io.outdir import is_uri
-from bulkrun.io.readers import check_columns, count_rows, input_columns
-from bulkrun.job.constraints import check_task_takes_constraints, compile_job_constraint, job_constraint
-from bulkrun.job.resume import Committed, load_committed
+from bulkrun.io.readers import check_columns, count_rows
+from bulkrun.job.constraints import check_task_takes_constraints
+from bulkrun.job.pipeline import InputPipeline, given_ids, input_pipeline, resolve_ids
+from bulkrun.job.resume import Committed, RowSet, load_committed
 from bulkrun.job.spec import JobSpec, task_class
 from bulkrun.job.stats import RunStats
-from bulkrun.tasks.base import Task, TaskContext, template_fields
+from bulkrun.tasks.base import Task, template_fields
 from bulkrun.tasks.chat import MESSAGES
 
 SINGLE = "part"
@@ -83,7 +84,15 @@ class JobSession:
         began; a job begun before ids were recorded keeps its --id-field (row numbers without)."""
         if "ids" in self.manifest:
             return self.manifest["ids"]["field"]
-        return "custom_id" if self.input_format == OPENAI else self.spec.id_field
+        return (given_ids(self.spec, self.input_format) or {"field": None})["field"]
+
+    def input(self, model, *, done: RowSet | None = None, sort: bool = False, select=None,
+              compile_constraints: bool = True) -> InputPipeline:  # fmt: skip
+        """The job's input pipeline on `model` (pipeline.py), with the job's own ids."""
+        return input_pipeline(
+            self.spec, self.task, model, fmt=self.input_format, id_field=self.id_field, done=done,
+            sort=sort, select=select, compile_constraints=compile_constraints,
+        )  # fmt: skip
 
     def report(self, stats: RunStats, committed: Committed | None = None,
                select: Callable[[int], bool] | None = None) -> dict:  # fmt: skip
@@ -273,48 +282,12 @@ def load_prompt_side(spec: JobSpec, model_path: Path) -> PromptSide:
     return PromptSide(tokenizer, min(max_len, spec.max_model_len or max_len))
 
 
-def task_context(spec: JobSpec, engine, compile_constraints: bool = True) -> TaskContext:
-    """`compile_constraints=False` where another system enforces them (a provider's batch tier:
-    export-batch sends the schema, import-batch checks each output)."""
-    tokenizer = engine.tokenizer
-    if spec.chat_template and not getattr(tokenizer, "chat_template", None):
-        raise UsageError("the model has no chat template; pass --no-chat-template to use plain prompts")
-    constraint = job_constraint(spec)
-    return TaskContext(
-        tokenizer=tokenizer,
-        max_model_len=engine.max_model_len,
-        sampling=spec.sampling(),
-        n=spec.n,
-        text_field=spec.text_field,
-        prompt_template=spec.prompt_template,
-        messages_field=spec.messages_field,
-        constraint=constraint,
-        schema_field=spec.schema_field,
-        compile=compile_job_constraint(spec, constraint, engine) if compile_constraints else None,
-    )
-
-
 def wipe(out: Path) -> None:
     """--restart: remove everything a previous job left (never the lock we hold)."""
     for name in FINAL_FILES:
         (out / name).unlink(missing_ok=True)
     for name in JOB_DIRS:
         shutil.rmtree(out / name, ignore_errors=True)
-
-
-ID_COLUMNS = ("id", "custom_id")  # taken as the id when --id-field is not given, in this order
-
-
-def resolve_ids(spec: JobSpec, input_path: Path, fmt: str) -> dict:
-    """Where ids come from: --id-field; else an `id` (or `custom_id`) column of the input (JSONL:
-    of its first --window rows); else the row number. The manifest records it."""
-    if fmt == OPENAI:
-        return {"field": "custom_id", "source": "openai batch"}
-    if spec.id_field is not None:
-        return {"field": spec.id_field, "source": "--id-field"}
-    columns, _ = input_columns(input_path, fmt, spec.window)
-    found = next((name for name in ID_COLUMNS if name in (columns or ())), None)
-    return {"field": found, "source": "input column" if found else "row number"}
 
 
 def _manifest(spec, task, input_path: Path, fmt: str, model_info: dict, out: Path) -> dict:
