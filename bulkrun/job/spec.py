@@ -264,11 +264,6 @@ _TASKS: dict[str, str | type[Task]] = {
 }
 
 
-def register_task(name: str, task: str | type[Task]) -> None:
-    """Add or replace a task: a Task subclass or a "module:Class" path."""
-    _TASKS[name] = task
-
-
 def task_names() -> list[str]:
     return sorted(_TASKS)
 
