@@ -18,7 +18,8 @@ import urllib.request
 import uuid
 
 import pytest
-from helpers.rows import texts, write_jsonl
+from helpers.processes import start_until_marker
+from helpers.rows import recorded_rows, texts, write_jsonl
 
 from bulkrun.cli import main
 from bulkrun.exceptions import EXIT_INCOMPLETE, EXIT_LOCKED, EXIT_OK, EXIT_ROW_ERRORS
@@ -33,8 +34,9 @@ ROWS[5] = {"id": "r5", "text": ""}  # an error record travels through S3 too
 FLAGS = ["--id-field", "id", "--max-tokens", "4", "--checkpoint-every", "3", "--window", "4",
          "--max-seqs", "2", "--kv-cache-mem", "16MiB", "--no-chat-template", "--quiet"]  # fmt: skip
 
-# Runs bulkrun with its upload thread on a short period and a pause once the first result shard has
-# been uploaded, so that a kill -9 sent then surely lands mid-job with committed work on S3.
+# Runs bulkrun with its upload thread on a short period and a pause right after its first result
+# shard is committed, until the upload thread has sent it: a kill -9 sent once the marker file exists
+# surely lands mid-job, with committed work on S3.
 PAUSE_AFTER_FIRST_UPLOAD = textwrap.dedent("""
     import pathlib, sys, time
     from bulkrun.io import mirror
@@ -49,12 +51,14 @@ PAUSE_AFTER_FIRST_UPLOAD = textwrap.dedent("""
     mirror.RemoteMirror._upload = pausing_upload
     from bulkrun.io import shards
     commit = shards.ShardWriter.commit
-    def slow_commit(self):
+    def pausing_commit(self):
         path = commit(self)
-        if path is not None and marker.exists():
-            time.sleep(120)  # the kill lands here, after the first upload
+        if path is not None and path.parent.name == "shards":
+            while not marker.exists():  # the upload thread sends this shard
+                time.sleep(0.01)
+            time.sleep(120)  # the kill lands here
         return path
-    shards.ShardWriter.commit = slow_commit
+    shards.ShardWriter.commit = pausing_commit
     from bulkrun.cli import main
     main()
 """)
@@ -154,17 +158,7 @@ def test_a_job_killed_with_kill_9_resumes_from_s3_and_equals_a_clean_run(
     run = f"s3://{bucket}/run"
     marker = tmp_path / "first-shard-uploaded"
     with open(tmp_path / "stderr", "w") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", PAUSE_AFTER_FIRST_UPLOAD, str(marker), *args(source, run, tiny_job_model)],
-            stdout=subprocess.DEVNULL, stderr=stderr,
-        )  # fmt: skip
-        deadline = time.monotonic() + 120
-        while proc.poll() is None and time.monotonic() < deadline and not marker.exists():
-            time.sleep(0.02)
-        assert marker.exists(), (
-            f"no shard reached S3 (exit {proc.poll()}): {(tmp_path / 'stderr').read_text()}"
-        )
-        time.sleep(0.5)  # the run is paused in its next commit
+        proc = start_until_marker(PAUSE_AFTER_FIRST_UPLOAD, marker, args(source, run, tiny_job_model), stderr)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     uploaded = listing(f"{run}/shards")
@@ -176,21 +170,8 @@ def test_a_job_killed_with_kill_9_resumes_from_s3_and_equals_a_clean_run(
     assert read_lines(f"{run}/errors.jsonl") == errors
     assert json.loads(s3().open_input_stream(f"{bucket}/run/report.json").read())["out"] == run
     assert "lock" not in listing(run)
-    assert sorted(committed_rows(bucket, "run")) == list(range(N_ROWS))  # every row exactly once
-
-
-def committed_rows(bucket: str, run: str) -> list[int]:
-    import pyarrow.parquet as pq
-
-    fs = s3()
-    return [
-        row
-        for sub in ("shards", "errors")
-        for name in listing(f"s3://{bucket}/{run}/{sub}")
-        for row in pq.read_table(f"{bucket}/{run}/{sub}/{name}", columns=["row"], filesystem=fs)[
-            "row"
-        ].to_pylist()
-    ]
+    pafs.copy_files(f"{bucket}/run", str(tmp_path / "copy"), source_filesystem=s3())
+    assert sorted(recorded_rows(tmp_path / "copy")) == list(range(N_ROWS))  # every row exactly once
 
 
 def test_two_shard_slices_then_export_on_s3(bucket, source, clean, tiny_job_model, capsys):
