@@ -18,7 +18,6 @@ from collections import Counter
 from pathlib import Path
 
 from bulkrun.engine.outputs import StepStats
-from bulkrun.io.formats import detect_format
 from bulkrun.job.feed import Feed, Prepared
 from bulkrun.job.pipeline import input_pipeline, resolve_ids
 from bulkrun.job.plan_estimate import (
@@ -30,9 +29,10 @@ from bulkrun.job.plan_estimate import (
     estimate_plan,
 )
 from bulkrun.job.prices import load_prices
-from bulkrun.job.session import build_task, check_named_fields, load_engine, resolve_model
+from bulkrun.job.session import load_engine, resolve_model
 from bulkrun.job.slices import parse_shard
 from bulkrun.job.spec import JobSpec
+from bulkrun.job.validate import check_input
 
 DEFAULT_SAMPLE = 32
 
@@ -40,10 +40,7 @@ DEFAULT_SAMPLE = 32
 def plan_job(spec: JobSpec, *, sample: int = DEFAULT_SAMPLE, prices: Path | None = None) -> PlanEstimate:
     """Read the input as `spec`'s job would, run a sample of `sample` rows (0: none), estimate."""
     price_table = load_prices(prices) if prices is not None else ()  # a bad table stops us before work
-    task = build_task(spec)
-    input_path = Path(spec.input)
-    fmt = detect_format(input_path)
-    check_named_fields(spec, task, input_path, fmt)
+    task, input_path, fmt = check_input(spec)  # the job's own checks, before any work
     model_path, _ = resolve_model(spec)
     engine = load_engine(spec, model_path)
     ids = resolve_ids(spec, input_path, fmt)["field"]  # the ids the job would record
