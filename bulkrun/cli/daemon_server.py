@@ -68,8 +68,8 @@ class Daemon:
         import pyarrow as pa
 
         import bulkrun.cli  # noqa: F401  (every command and the job layer they import)
-        import bulkrun.engine.engine  # noqa: F401
-        import bulkrun.engine.runner  # noqa: F401
+        import bulkrun.engine.core.engine  # noqa: F401
+        import bulkrun.engine.worker.runner  # noqa: F401
         import bulkrun.job.runner  # noqa: F401
 
         pa.array([0])  # pyarrow imports pandas on its first array: once here, not in every job
@@ -291,8 +291,8 @@ def _keep_model_resident(model_ref: str | None) -> dict | None:
     if torch.cuda.is_available():  # a CUDA context cannot cross a fork: the children load their own
         _log("a GPU is present: the model is loaded by each job, not kept here")
         return None
-    from bulkrun.engine.config import EngineConfig
-    from bulkrun.engine.loaded_model import keep_resident
+    from bulkrun.engine.core.config import EngineConfig
+    from bulkrun.engine.worker.loaded_model import keep_resident
     from bulkrun.model_source import resolve_model
 
     path = str(resolve_model(model_ref))

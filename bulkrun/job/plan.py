@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from bulkrun.engine.outputs import StepStats
+from bulkrun.engine.core.outputs import StepStats
 from bulkrun.job.feed import Feed, Prepared
 from bulkrun.job.pipeline import input_pipeline, resolve_ids
 from bulkrun.job.plan_estimate import (

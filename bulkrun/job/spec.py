@@ -30,7 +30,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from bulkrun.engine.params import SamplingParams
+from bulkrun.engine.core.params import SamplingParams
 from bulkrun.exceptions import SpecError, UsageError
 from bulkrun.tasks.base import Task
 
@@ -104,7 +104,7 @@ class JobSpec:
 
     def engine_config(self):
         """The EngineConfig of this job (its checks, e.g. the kernel backend's name, are the engine's)."""
-        from bulkrun.engine.config import EngineConfig
+        from bulkrun.engine.core.config import EngineConfig
 
         values = {
             "kv_cache_bytes": parse_size(self.kv_cache_mem) if self.kv_cache_mem else None,

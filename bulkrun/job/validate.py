@@ -51,7 +51,7 @@ def _check_kernels_fit_device(spec: JobSpec) -> None:
     devices the driver cannot see."""
     if spec.ray is not None or spec.kernels not in ("triton", "cpu"):
         return
-    from bulkrun.engine.device import resolve_device
+    from bulkrun.engine.worker.device import resolve_device
 
     try:
         on_cuda = resolve_device(spec.device).type == "cuda"

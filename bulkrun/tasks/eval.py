@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from bulkrun.engine.outputs import RequestOutput
-from bulkrun.engine.params import EngineRequest
+from bulkrun.engine.core.outputs import RequestOutput
+from bulkrun.engine.core.params import EngineRequest
 from bulkrun.tasks.base import (
     Item,
     RowError,
