@@ -18,6 +18,7 @@ import urllib.request
 import uuid
 
 import pytest
+from helpers.models import ENGINE_FLAGS
 from helpers.processes import start_until_marker
 from helpers.rows import recorded_rows, texts, write_jsonl
 
@@ -32,7 +33,7 @@ N_ROWS = 16
 ROWS = texts(N_ROWS)
 ROWS[5] = {"id": "r5", "text": ""}  # an error record travels through S3 too
 FLAGS = ["--id-field", "id", "--max-tokens", "4", "--checkpoint-every", "3", "--window", "4",
-         "--max-seqs", "2", "--kv-cache-mem", "16MiB", "--no-chat-template", "--quiet"]  # fmt: skip
+         "--no-chat-template", "--quiet", *ENGINE_FLAGS]  # fmt: skip
 
 # Runs bulkrun with its upload thread on a short period and a pause right after its first result
 # shard is committed, until the upload thread has sent it: a kill -9 sent once the marker file exists
