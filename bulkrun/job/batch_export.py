@@ -121,7 +121,7 @@ def job_sampling(spec: JobSpec) -> BatchSampling:
 
 
 def response_format(spec: JobSpec) -> ResponseFormat | None:
-    """The job's structured-output constraint (issue 14: json_schema / regex / choice), where a
+    """The job's structured-output constraint (json_schema / regex / choice), where a
     provider can enforce it. Providers take JSON schemas only; regex and choice have no equivalent
     whose output text would equal a local run's, so they are refused rather than approximated."""
     schema = _constraint(spec, "json_schema")
