@@ -14,6 +14,7 @@ from helpers.rows import read_jsonl, texts, write_jsonl
 from bulkrun.cli import main
 from bulkrun.exceptions import EXIT_ROW_ERRORS
 from bulkrun.io.provider_batch.custom_ids import MAP_FILE
+from bulkrun.job.batch_export import export_batch
 from bulkrun.job.pipeline import resolve_ids
 from bulkrun.job.spec import build_spec
 
@@ -63,11 +64,9 @@ def test_plan_and_export_batch_see_the_jobs_ids_and_bad_rows(tmp_path, capsys, c
     assert plan["good_rows"] == len(job_ids)
 
     out = tmp_path / "export"
-    code, said = bulkrun(
-        capsys, "export-batch", source, *flags(cli_model), "--out", out, "--provider", "openai",
-        "--provider-model", "m-1",
-    )  # fmt: skip
-    assert code == 0, said
+    values = {"input": str(source), "out": str(out), "model": str(cli_model), "max_tokens": 3, "quiet": True}
+    export = export_batch(build_spec([("test", values)]), "openai", "m-1")  # the library: no CLI names
+    assert export["error_records"] == len(job_errors)
     mapped = read_jsonl(out / "batch" / MAP_FILE)
     assert [m["id"] for m in sorted(mapped, key=lambda m: m["row"])] == job_ids
     assert {m["custom_id"] for m in mapped} == set(job_ids)  # the ids are valid custom_ids as they are
