@@ -9,6 +9,7 @@ the same job (export-batch) uses the same ids; `plan`, which writes no manifest,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -78,7 +79,7 @@ def input_pipeline(
     id_field: str | None,
     done: RowSet | None = None,
     sort: bool = False,
-    select=None,
+    select: Callable[[int], bool] | None = None,
     compile_constraints: bool = True,
 ) -> InputPipeline:
     """Bind `task` to `model` and stream `spec.input` through it: skips the rows in `done` and those
