@@ -26,7 +26,6 @@ $(STAMP): pyproject.toml Makefile
 	@touch $(STAMP)
 
 demo: install
-	@$(BIN)/bash -c true 2>/dev/null || true
 	$(BIN)/bulkrun run jobs/classify-tickets.toml --out runs/demo --restart
 	@echo
 	@echo "results: runs/demo/results.jsonl   report: runs/demo/report.json"
