@@ -10,7 +10,7 @@ import bulkrun
 from bulkrun.exceptions import JobChanged, LockHeld, UsageError
 from bulkrun.io.lock import JobLock
 
-ENGINE = {"kv_cache_mem": "16MiB", "max_seqs": 8, "max_batch_tokens": 256, "quiet": True}
+ENGINE = {"kv_cache_bytes": "16MiB", "max_num_seqs": 8, "max_num_batched_tokens": 256, "quiet": True}
 ROWS = [
     {"id": "a", "text": "I was charged twice.", "label": "billing"},
     {"id": "b", "text": "The app crashes on start.", "label": "bug"},
