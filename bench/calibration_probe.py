@@ -18,9 +18,10 @@ from collections import Counter
 from importlib.resources import files
 from pathlib import Path
 
-from bulkrun.engine.config import EngineConfig
-from bulkrun.engine.engine import Engine
-from bulkrun.engine.params import SamplingParams
+from bulkrun.engine.core.config import EngineConfig
+from bulkrun.engine.core.engine import Engine
+from bulkrun.engine.load import load_engine
+from bulkrun.engine.core.params import SamplingParams
 from bulkrun.model_source import resolve_model
 from bulkrun.tasks.base import Item, TaskContext
 from bulkrun.tasks.calibration import DEFAULT_CONTENT_FREE_INPUTS, Calibrator
@@ -126,7 +127,7 @@ def main() -> None:
         help="content-free inputs separated by '|' (default: the paper's N/A|[MASK]|<empty>)",
     )
     args = ap.parse_args()
-    engine = Engine.from_model(str(resolve_model("smollm2-135m-instruct")), EngineConfig())
+    engine = load_engine(str(resolve_model("smollm2-135m-instruct")), EngineConfig())
     rows = load_tickets(args.items)
     print(f"content-free inputs {args.content_free.split('|')}")
     print(f"{len(rows)} tickets, gold labels {dict(Counter(r['label'] for r in rows))}")

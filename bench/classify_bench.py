@@ -24,11 +24,12 @@ from importlib.resources import files
 
 import torch
 
-from bulkrun.engine.config import EngineConfig
-from bulkrun.engine.engine import Engine
+from bulkrun.engine.core.config import EngineConfig
+from bulkrun.engine.core.engine import Engine
+from bulkrun.engine.load import load_engine
 from bulkrun.job.stats import RunStats
 from bulkrun.model_source import resolve_model
-from bulkrun.engine.params import EngineRequest, SamplingParams
+from bulkrun.engine.core.params import EngineRequest, SamplingParams
 from bulkrun.tasks.base import Item, TaskContext
 from bulkrun.tasks.classify import ClassifyTask
 from bulkrun.tasks.labels import LabelSet
@@ -148,7 +149,7 @@ def main() -> None:
     rows = load_tickets(args.items)
     expected = [r["label"] for r in rows]
     labels = tuple(dict.fromkeys(expected))  # the set's labels, in order of first appearance
-    base = Engine.from_model(str(resolve_model(None)), EngineConfig())
+    base = load_engine(str(resolve_model(None)), EngineConfig())
     tokenizer = base.tokenizer
     task = ClassifyTask(LabelSet(labels))
     task.bind(TaskContext(tokenizer=tokenizer, max_model_len=base.max_model_len, sampling=SamplingParams()))

@@ -19,10 +19,12 @@ import statistics
 import time
 from pathlib import Path
 
-from bulkrun.engine import grammar, grammar_step
-from bulkrun.engine.engine import Engine
-from bulkrun.engine.grammar import ConstraintSpec
-from bulkrun.engine.params import EngineRequest, SamplingParams
+from bulkrun.engine.structured_output import grammar
+from bulkrun.engine.structured_output import step_masks as grammar_step
+from bulkrun.engine.core.engine import Engine
+from bulkrun.engine.load import load_engine
+from bulkrun.engine.structured_output.grammar import ConstraintSpec
+from bulkrun.engine.core.params import EngineRequest, SamplingParams
 from bulkrun.model_source import resolve_model
 
 SCHEMA = Path(__file__).resolve().parents[1] / "jobs" / "schemas" / "support-ticket.json"
@@ -86,7 +88,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3, help="alternating runs of each (medians compared)")
     args = ap.parse_args()
-    engine = Engine.from_model(str(resolve_model(None)))
+    engine = load_engine(str(resolve_model(None)))
     spec = ConstraintSpec.json_schema(json.loads(SCHEMA.read_text()))
     ids = prompts(engine, args.rows)
     constrained = SamplingParams(max_tokens=args.max_tokens, constraint=spec)

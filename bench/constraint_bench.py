@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from bulkrun.engine.grammar import ConstraintSpec
-from bulkrun.engine.grammar_mask import apply_token_bitmask
-from bulkrun.engine.grammar_output import check_output
+from bulkrun.engine.structured_output.grammar import ConstraintSpec
+from bulkrun.engine.structured_output.bitmask import apply_token_bitmask
+from bulkrun.engine.structured_output.output import check_output
 from bulkrun.model_source import resolve_model
 
 ADDRESS = {

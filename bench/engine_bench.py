@@ -38,9 +38,10 @@ from workload import (  # noqa: E402
     shared_prefix_prompts,
 )
 
-from bulkrun.engine.config import EngineConfig  # noqa: E402
-from bulkrun.engine.engine import Engine  # noqa: E402
-from bulkrun.engine.params import EngineRequest, SamplingParams  # noqa: E402
+from bulkrun.engine.core.config import EngineConfig  # noqa: E402
+from bulkrun.engine.core.engine import Engine  # noqa: E402
+from bulkrun.engine.load import load_engine
+from bulkrun.engine.core.params import EngineRequest, SamplingParams  # noqa: E402
 from bulkrun.model_source import resolve_model  # noqa: E402
 
 BULKRUN = str(Path(sys.executable).with_name("bulkrun"))  # the console script a user runs
@@ -132,7 +133,7 @@ def main() -> None:
 
     hf_logging.set_verbosity_error()
     model_dir = resolve_model(None)
-    engine = Engine.from_model(str(model_dir), EngineConfig())
+    engine = load_engine(str(model_dir), EngineConfig())
     tok = engine.tokenizer
     eos_id, pad_id = tok.eos_token_id, tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     eos = {eos_id}
@@ -194,7 +195,7 @@ def main() -> None:
     del hf
     if engine.dtype != "float32":
         del engine
-        engine = Engine.from_model(str(model_dir), EngineConfig(dtype="float32"))
+        engine = load_engine(str(model_dir), EngineConfig(dtype="float32"))
         run_bulkrun(engine, prompts[:4], 4)
         record("bulkrun engine, float32", run_bulkrun(engine, prompts, args.max_new))
 
@@ -235,7 +236,7 @@ def main() -> None:
     )
     results = {}
     for on in (False, True):
-        eng = Engine.from_model(
+        eng = load_engine(
             str(model_dir), EngineConfig(enable_prefix_caching=on, kv_cache_bytes=1 << 30)
         )
         secs, _, _ = run_bulkrun(eng, shared, 16)

@@ -98,7 +98,7 @@ def check_environment(device: str) -> None:
             f"--device cuda but torch sees no CUDA device (torch {torch.__version__}); use --device cpu --tiny"
         )
     try:
-        from bulkrun.engine.engine import Engine  # noqa: F401
+        import bulkrun.engine.load  # noqa: F401
     except ImportError as exc:
         fail(
             f"cannot import the bulkrun engine ({exc}); run from the repo root with it installed or on PYTHONPATH"
@@ -121,9 +121,8 @@ def free_memory(device: str) -> None:
 
 
 def run_engine(model_dir: Path, prompts: list[list[int]], args) -> Result:
-    from bulkrun.engine.config import EngineConfig
-    from bulkrun.engine.engine import Engine
-    from bulkrun.engine.params import EngineRequest, SamplingParams
+    from bulkrun.engine.core.config import EngineConfig
+    from bulkrun.engine.core.params import EngineRequest, SamplingParams
 
     limits = {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens}
     config = EngineConfig(
@@ -133,7 +132,9 @@ def run_engine(model_dir: Path, prompts: list[list[int]], args) -> Result:
         enable_prefix_caching=False,  # random prompts share nothing; keep the work identical to the peer's
         **{k: v for k, v in limits.items() if v is not None},  # unset: the engine sizes for the device
     )
-    engine = Engine.from_model(str(model_dir), config)
+    from bulkrun.engine.load import load_engine
+
+    engine = load_engine(str(model_dir), config)
     print(f"engine limits: {engine.limits.as_dict()}", flush=True)
 
     def requests(batch, max_tokens, tag):
@@ -195,7 +196,7 @@ def profile_decode_steps(engine, prompts: list[list[int]], args, steps: int = 8)
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    from bulkrun.engine.params import EngineRequest, SamplingParams
+    from bulkrun.engine.core.params import EngineRequest, SamplingParams
 
     params = SamplingParams(max_tokens=10_000, ignore_eos=True)
     for i, p in enumerate(prompts[: engine.limits.max_num_seqs]):

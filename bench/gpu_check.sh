@@ -112,7 +112,7 @@ with open(os.path.join(os.environ["GPU_CHECK_OUT"], "stage-01-environment.json")
     json.dump(facts, f, indent=2)
 if not cuda and os.environ.get("GPU_CHECK_CPU") != "1":
     sys.exit(f"torch {torch.__version__} sees no CUDA device")
-import bulkrun_kernels, bulkrun.engine.engine  # noqa: F401  (the repo imports)
+import bulkrun_kernels, bulkrun.engine.core.engine  # noqa: F401  (the repo imports)
 PY
 }
 

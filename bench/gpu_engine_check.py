@@ -33,9 +33,9 @@ from gpu_bench import free_memory as release  # noqa: E402
 from gpu_bench import synchronize as sync  # noqa: E402
 from gpu_model import CHECK, TINY, build_model_dir, make_prompts  # noqa: E402
 
-from bulkrun.engine.config import EngineConfig  # noqa: E402
-from bulkrun.engine.engine import Engine  # noqa: E402
-from bulkrun.engine.params import EngineRequest, SamplingParams  # noqa: E402
+from bulkrun.engine.core.config import EngineConfig  # noqa: E402
+from bulkrun.engine.load import load_engine
+from bulkrun.engine.core.params import EngineRequest, SamplingParams  # noqa: E402
 
 NOT_AVAILABLE = 3
 GIB = 1 << 30
@@ -78,7 +78,7 @@ def generate(
     model_dir: Path, config: EngineConfig, prompts, max_tokens: int
 ) -> tuple[list[list[int]], float]:
     """Greedy outputs in prompt order (EOS ignored) and the seconds the timed run took (after a warm-up)."""
-    engine = Engine.from_model(str(model_dir), config)
+    engine = load_engine(str(model_dir), config)
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     engine.generate(
         [EngineRequest(f"warm{i}", p, SamplingParams(max_tokens=4)) for i, p in enumerate(prompts[:8])]
@@ -178,7 +178,7 @@ def check_memory(args, model_dir: Path, vocab: int) -> tuple[dict, bool]:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     config = EngineConfig(device=args.device, dtype=args.dtype)  # every sizing choice left to the engine
-    engine = Engine.from_model(str(model_dir), config)
+    engine = load_engine(str(model_dir), config)
     runner = engine.runner
     figures = {
         "limits": engine.limits.as_dict(),  # what the engine chose for this device, and the KV cache it sized

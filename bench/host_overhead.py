@@ -26,9 +26,10 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "engine")]
 from engine_fakes import SimulatedDeviceRunner  # noqa: E402
 from helpers.models import build_tiny_model  # noqa: E402
 
-from bulkrun.engine.config import EngineConfig  # noqa: E402
-from bulkrun.engine.engine import Engine  # noqa: E402
-from bulkrun.engine.params import EngineRequest, SamplingParams  # noqa: E402
+from bulkrun.engine.core.config import EngineConfig  # noqa: E402
+from bulkrun.engine.core.engine import Engine  # noqa: E402
+from bulkrun.engine.load import load_engine
+from bulkrun.engine.core.params import EngineRequest, SamplingParams  # noqa: E402
 
 
 def one_layer_model(folder: Path) -> None:
@@ -74,7 +75,7 @@ def build_engine(model_dir: str, num_seqs: int, prompt_len: int, steps: int, **o
         kv_cache_bytes=blocks * 16 * 2 * 2 * 16 * 4,  # 1 layer, 2 kv heads x 16 dims, fp32
         **overrides,
     )
-    return Engine.from_model(model_dir, config)
+    return load_engine(model_dir, config)
 
 
 def host_us_per_seq(model_dir: str, num_seqs: int, prompt_len: int, steps: int) -> tuple[float, float, float]:

@@ -52,7 +52,7 @@ class InstantEngine:
     """The Engine API answering every request in the step after it was added, with one token."""
 
     def __init__(self, tokenizer, max_model_len: int = 8192):
-        from bulkrun.engine.outputs import StepStats
+        from bulkrun.engine.core.outputs import StepStats
 
         self.tokenizer, self.max_model_len = tokenizer, max_model_len
         self.waiting: list = []
@@ -68,13 +68,13 @@ class InstantEngine:
         return bool(self.waiting)
 
     def step(self):
-        from bulkrun.engine.outputs import RequestOutput
+        from bulkrun.engine.core.outputs import RequestOutput
 
         done, self.waiting = self.waiting, []
         return [RequestOutput(r.request_id, r.prompt_token_ids, [1], "x", "length") for r in done]
 
     def stream(self, requests, on_step=None):
-        from bulkrun.engine.engine import Engine
+        from bulkrun.engine.core.engine import Engine
 
         return Engine.stream(self, requests, on_step)  # the engine's one loop over this instant engine
 

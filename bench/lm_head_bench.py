@@ -20,9 +20,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from workload import chat_prompts  # noqa: E402
 
-from bulkrun.engine.config import EngineConfig  # noqa: E402
-from bulkrun.engine.engine import Engine  # noqa: E402
-from bulkrun.engine.params import EngineRequest, SamplingParams  # noqa: E402
+from bulkrun.engine.core.config import EngineConfig  # noqa: E402
+from bulkrun.engine.core.engine import Engine  # noqa: E402
+from bulkrun.engine.load import load_engine
+from bulkrun.engine.core.params import EngineRequest, SamplingParams  # noqa: E402
 from bulkrun.model_source import resolve_model  # noqa: E402
 
 
@@ -58,7 +59,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=50)
     args = parser.parse_args()
-    engine = Engine.from_model(str(resolve_model(None)), EngineConfig())
+    engine = load_engine(str(resolve_model(None)), EngineConfig())
     runner = engine.runner
     if runner.greedy_head is None:
         sys.exit("no screened greedy head here (needs the native CPU kernels and native bf16)")

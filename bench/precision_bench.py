@@ -27,9 +27,10 @@ from importlib import resources
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from workload import chat_prompts  # noqa: E402
 
-from bulkrun.engine.config import EngineConfig  # noqa: E402
-from bulkrun.engine.engine import Engine  # noqa: E402
-from bulkrun.engine.params import EngineRequest, SamplingParams  # noqa: E402
+from bulkrun.engine.core.config import EngineConfig  # noqa: E402
+from bulkrun.engine.core.engine import Engine  # noqa: E402
+from bulkrun.engine.load import load_engine
+from bulkrun.engine.core.params import EngineRequest, SamplingParams  # noqa: E402
 from bulkrun.model_source import resolve_model  # noqa: E402
 
 PPL_CHUNK = 512  # tokens per scored chunk of the text sample
@@ -96,9 +97,9 @@ def load_variants() -> dict[str, Engine]:
     residual stream in bf16 too (what phase 1 shipped), so the choice between them is by figures."""
     model_dir = str(resolve_model(None))
     variants = {
-        name: Engine.from_model(model_dir, EngineConfig(dtype=name)) for name in ("float32", "bfloat16")
+        name: load_engine(model_dir, EngineConfig(dtype=name)) for name in ("float32", "bfloat16")
     }
-    bf16_stream = Engine.from_model(model_dir, EngineConfig(dtype="bfloat16"))
+    bf16_stream = load_engine(model_dir, EngineConfig(dtype="bfloat16"))
     bf16_stream.runner.model.residual_dtype = None
     variants["bf16 (bf16 stream)"] = bf16_stream
     return variants

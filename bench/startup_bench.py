@@ -27,7 +27,7 @@ PYTHON = sys.executable
 # Makes a child process print when its first engine step ended (time.time()), to its stderr.
 MARK_FIRST_STEP = """
 import sys, time
-from bulkrun.engine import engine
+from bulkrun.engine.core import engine
 step = engine.Engine.step
 def first_step(self, _done=[]):
     out = step(self)
@@ -57,10 +57,11 @@ def mark(name):
     now = time.perf_counter(); marks[name] = now - last; last = now
 import bulkrun.cli; mark("import bulkrun.cli (typer, job layer)")
 import torch; mark("import torch")
-from bulkrun.engine.config import EngineConfig
-from bulkrun.engine import loaded_model as r
-from bulkrun.engine.engine import Engine
-from bulkrun.engine.params import EngineRequest, SamplingParams
+from bulkrun.engine.core.config import EngineConfig
+from bulkrun.engine.worker import loaded_model as r
+from bulkrun.engine.core.engine import Engine
+from bulkrun.engine.load import load_engine
+from bulkrun.engine.core.params import EngineRequest, SamplingParams
 mark("import the engine (runner, model, kernels)")
 from bulkrun.model_source import resolve_model
 model_dir = str(resolve_model(None)); mark("resolve the model")
@@ -77,7 +78,7 @@ prompt = tok.apply_chat_template([{"role": "user", "content": "Hello"}], add_gen
 mark("first chat template (waits for its renderer)")
 del model
 t = time.perf_counter()
-engine = Engine.from_model(model_dir, config)
+engine = load_engine(model_dir, config)
 marks["(the whole engine load again, as the CLI does it)"] = time.perf_counter() - t
 last = time.perf_counter()
 engine.generate([EngineRequest("a", prompt, SamplingParams(max_tokens=1))]); mark("first engine step")

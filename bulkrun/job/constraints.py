@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bulkrun.engine.grammar import ConstraintSpec, GrammarError
+from bulkrun.engine.structured_output.grammar import ConstraintSpec, GrammarError
 from bulkrun.exceptions import UsageError
 
 

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from bulkrun.engine.params import EngineRequest
+from bulkrun.engine.core.params import EngineRequest
 from bulkrun.exceptions import RowError
 from bulkrun.job.resume import RowSet
 from bulkrun.tasks.base import Item, RawText, Task

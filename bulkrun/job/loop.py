@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from bulkrun.engine.outputs import RequestOutput, StepStats
-from bulkrun.engine.params import EngineRequest
+from bulkrun.engine.core.outputs import RequestOutput, StepStats
+from bulkrun.engine.core.params import EngineRequest
 from bulkrun.exceptions import RowError
 from bulkrun.io.shards import ShardWriter
 from bulkrun.job.feed import Prepared, Window, error_record

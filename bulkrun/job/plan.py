@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from bulkrun.engine.outputs import StepStats
+from bulkrun.engine.core.outputs import StepStats
 from bulkrun.io.formats import OPENAI, detect_format
 from bulkrun.io.readers import read_rows
 from bulkrun.job.feed import Feed, IdRegistry, Prepared, PromptBuilder

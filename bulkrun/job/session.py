@@ -236,13 +236,13 @@ def resolve_model(spec: JobSpec) -> tuple[Path, dict]:
 
 def load_engine(spec: JobSpec, model_path: Path | None = None):
     """The engine a job (or a Ray worker) runs on; resolves the model unless given its directory."""
-    from bulkrun.engine.engine import Engine
+    from bulkrun.engine.load import load_engine
 
     if model_path is None:
         model_path, _ = resolve_model(spec)
     config = spec.engine_config()
     with _loading(model_path):
-        return Engine.from_model(str(model_path), config)
+        return load_engine(str(model_path), config)
 
 
 @contextmanager

@@ -30,7 +30,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from bulkrun.engine.params import SamplingParams
+from bulkrun.engine.core.params import SamplingParams
 from bulkrun.exceptions import SpecError, UsageError
 from bulkrun.job.slices import parse_shard
 from bulkrun.tasks.base import Task
@@ -105,7 +105,7 @@ class JobSpec:
 
     def engine_config(self):
         """The EngineConfig of this job (its checks, e.g. the kernel backend's name, are the engine's)."""
-        from bulkrun.engine.config import EngineConfig
+        from bulkrun.engine.core.config import EngineConfig
 
         values = {
             "kv_cache_bytes": parse_size(self.kv_cache_bytes) if self.kv_cache_bytes else None,
@@ -233,7 +233,7 @@ def _check_kernels_fit_device(spec: JobSpec) -> None:
     devices the driver cannot see."""
     if spec.ray is not None or spec.kernels not in ("triton", "cpu"):
         return
-    from bulkrun.engine.device import resolve_device
+    from bulkrun.engine.worker.device import resolve_device
 
     try:
         on_cuda = resolve_device(spec.device).type == "cuda"

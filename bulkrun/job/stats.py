@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 
-from bulkrun.engine.outputs import RequestOutput, StepStats
+from bulkrun.engine.core.outputs import RequestOutput, StepStats
 
 
 @dataclass

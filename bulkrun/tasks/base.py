@@ -15,8 +15,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from bulkrun.engine.outputs import RequestOutput
-from bulkrun.engine.params import EngineRequest, SamplingParams
+from bulkrun.engine.core.outputs import RequestOutput
+from bulkrun.engine.core.params import EngineRequest, SamplingParams
 from bulkrun.exceptions import RowError
 
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from bulkrun.engine.outputs import RequestOutput
-from bulkrun.engine.params import EngineRequest
+from bulkrun.engine.core.outputs import RequestOutput
+from bulkrun.engine.core.params import EngineRequest
 from bulkrun.tasks.base import Item, RowError, Task, TaskContext, prompt_text, template_fields
 from bulkrun.tasks.calibration import (
     CALIBRATE_MODES,

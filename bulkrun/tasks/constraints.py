@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import json
 
-from bulkrun.engine.grammar import ConstraintSpec, GrammarError
-from bulkrun.engine.grammar_output import check_output
-from bulkrun.engine.outputs import RequestOutput
+from bulkrun.engine.core.outputs import RequestOutput
+from bulkrun.engine.structured_output.grammar import ConstraintSpec, GrammarError
+from bulkrun.engine.structured_output.output import check_output
 from bulkrun.exceptions import RowError
 from bulkrun.tasks.base import Item, TaskContext
 

@@ -94,7 +94,7 @@ def scoring_request(request_id: str, prompt_ids: list[int], continuations: list[
                     max_model_len: int, what: str):  # fmt: skip
     """One engine request scoring every continuation after the prompt (its KV computed once); a
     prompt that cannot hold its longest continuation is a row error."""
-    from bulkrun.engine.params import EngineRequest, SamplingParams
+    from bulkrun.engine.core.params import EngineRequest, SamplingParams
     from bulkrun.exceptions import RowError
 
     if len(prompt_ids) + max(len(c) for c in continuations) > max_model_len:

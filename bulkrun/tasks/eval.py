@@ -16,8 +16,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import replace
 
-from bulkrun.engine.outputs import RequestOutput
-from bulkrun.engine.params import EngineRequest
+from bulkrun.engine.core.outputs import RequestOutput
+from bulkrun.engine.core.params import EngineRequest
 from bulkrun.tasks.base import (
     Item,
     RowError,

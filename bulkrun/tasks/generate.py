@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from bulkrun.engine.outputs import RequestOutput
-from bulkrun.engine.params import EngineRequest, SamplingParams
+from bulkrun.engine.core.outputs import RequestOutput
+from bulkrun.engine.core.params import EngineRequest, SamplingParams
 from bulkrun.io.openai_batch import CHAT_URL
 from bulkrun.tasks.base import Item, RawText, RowError, Task, generation_columns, prompt_text, sample_seed
 from bulkrun.tasks.chat import row_messages

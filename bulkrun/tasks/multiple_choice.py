@@ -30,8 +30,8 @@ import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from bulkrun.engine.outputs import RequestOutput
-from bulkrun.engine.params import EngineRequest
+from bulkrun.engine.core.outputs import RequestOutput
+from bulkrun.engine.core.params import EngineRequest
 from bulkrun.tasks.base import RawText, RowError, TaskContext, prompt_text
 from bulkrun.tasks.calibration import argmax
 from bulkrun.tasks.continuations import scoring_request

@@ -27,9 +27,9 @@ def default_model():
 
 
 def test_generate_stores_exactly_what_the_engine_generates(bulkrun, tmp_path, default_model):
-    from bulkrun.engine.config import EngineConfig
-    from bulkrun.engine.engine import Engine
-    from bulkrun.engine.params import EngineRequest, SamplingParams
+    from bulkrun.engine.core.config import EngineConfig
+    from bulkrun.engine.core.params import EngineRequest, SamplingParams
+    from bulkrun.engine.load import load_engine
 
     rows = [{"id": f"q{i}", "text": q} for i, q in enumerate(QUESTIONS)]
     path = write_jsonl(tmp_path / "in.jsonl", rows)
@@ -37,7 +37,7 @@ def test_generate_stores_exactly_what_the_engine_generates(bulkrun, tmp_path, de
                          *ENGINE)  # fmt: skip
     assert code == EXIT_OK
     results = read_jsonl(tmp_path / "out" / "results.jsonl")
-    engine = Engine.from_model(str(default_model), EngineConfig(kv_cache_bytes=256 << 20, dtype="float32"))
+    engine = load_engine(str(default_model), EngineConfig(kv_cache_bytes=256 << 20, dtype="float32"))
     tok = engine.tokenizer
     prompts = [
         list(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,

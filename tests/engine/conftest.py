@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from engine_fakes import SPECIAL, FakeRunner
 
-from bulkrun.engine.block_pool import BlockPool
-from bulkrun.engine.config import EngineConfig
-from bulkrun.engine.engine import Engine
-from bulkrun.engine.scheduler import Scheduler
+from bulkrun.engine.core.block_pool import BlockPool
+from bulkrun.engine.core.config import EngineConfig
+from bulkrun.engine.core.engine import Engine
+from bulkrun.engine.core.scheduler import Scheduler
 
 
 @pytest.fixture

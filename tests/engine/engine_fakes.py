@@ -8,9 +8,9 @@ a shared block therefore fails loudly, while the "model" stays a pure function o
 
 from __future__ import annotations
 
-from bulkrun.engine.block_pool import BlockPool
-from bulkrun.engine.runner_output import RunnerOutput
-from bulkrun.engine.scheduler import Scheduler, SchedulerOutput
+from bulkrun.engine.core.block_pool import BlockPool
+from bulkrun.engine.core.runner_output import RunnerOutput
+from bulkrun.engine.core.scheduler import Scheduler, SchedulerOutput
 
 VOCAB = 64
 SPECIAL = 0  # decodes to "<eos>", skipped with skip_special_tokens
@@ -175,7 +175,7 @@ class SimulatedDeviceRunner:
     def __init__(self, device_seconds: float, num_blocks=4096, block_size=16, max_model_len=4096):
         from concurrent.futures import ThreadPoolExecutor
 
-        from bulkrun.engine.step_inputs import StepState
+        from bulkrun.engine.worker.step_inputs import StepState
 
         self.device_seconds = device_seconds
         self.num_blocks, self.block_size, self.max_model_len = num_blocks, block_size, max_model_len

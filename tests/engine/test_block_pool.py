@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bulkrun.engine.block_pool import BlockPool, extend_block_hashes, hash_block_tokens
+from bulkrun.engine.core.block_pool import BlockPool, extend_block_hashes, hash_block_tokens
 
 
 def hashes_of(tokens: list[int], block_size: int = 4) -> list[int]:

@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 from helpers.constraints import PROMPTS, specs
 
-from bulkrun.engine.config import EngineConfig
-from bulkrun.engine.engine import Engine
-from bulkrun.engine.grammar import ConstraintSpec
-from bulkrun.engine.grammar_output import check_output
-from bulkrun.engine.params import EngineRequest, SamplingParams
+from bulkrun.engine.core.config import EngineConfig
+from bulkrun.engine.core.engine import Engine
+from bulkrun.engine.core.params import EngineRequest, SamplingParams
+from bulkrun.engine.load import load_engine
+from bulkrun.engine.structured_output.grammar import ConstraintSpec
+from bulkrun.engine.structured_output.output import check_output
 
 pytestmark = pytest.mark.slow
 FREE_PROMPTS = ["Tell me a joke about cats.", "What is the capital of France?", "Write a haiku about rain."]
@@ -23,7 +24,7 @@ def engine():
 
     # fp32: token identity across different batch compositions is what fp32 guarantees here; bf16
     # GEMMs may round differently at another batch size
-    return Engine.from_model(str(resolve_model(None)), EngineConfig(async_scheduling=False, dtype="float32"))
+    return load_engine(str(resolve_model(None)), EngineConfig(async_scheduling=False, dtype="float32"))
 
 
 def chat_ids(engine, text: str) -> list[int]:
@@ -74,7 +75,7 @@ def test_constrained_outputs_are_all_valid_and_free_rows_unchanged(engine, tempe
 def test_async_scheduling_gives_the_same_tokens(engine):
     from bulkrun.model_source import resolve_model
 
-    pipelined = Engine.from_model(
+    pipelined = load_engine(
         str(resolve_model(None)), EngineConfig(async_scheduling=True, dtype="float32")
     )
     assert pipelined.async_scheduling
@@ -105,7 +106,7 @@ def test_a_constraint_that_cannot_compile_fails_only_its_request(engine):
 
 def test_masks_filled_beside_the_forward_give_the_same_tokens(engine):
     """The GPU fills masks on a side thread during the forward, the CPU before it: same tokens."""
-    from bulkrun.engine.grammar_step import GrammarMasks
+    from bulkrun.engine.structured_output.step_masks import GrammarMasks
 
     runner = engine.runner
     assert not runner.grammar_masks._overlap  # the CPU default

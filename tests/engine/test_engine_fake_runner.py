@@ -11,7 +11,7 @@ from engine_fakes import (
     sampled_logprob,
 )
 
-from bulkrun.engine.params import EngineRequest, SamplingParams
+from bulkrun.engine.core.params import EngineRequest, SamplingParams
 
 TOK = ToyTokenizer()
 
@@ -203,8 +203,8 @@ def test_preemptions_are_counted_and_outputs_unchanged(make_engine):
 def test_max_model_len_from_config_caps_the_model(make_engine):
     engine, _ = make_engine(max_model_len=256, eos=())
     assert engine.max_model_len == 256
-    from bulkrun.engine.config import EngineConfig
-    from bulkrun.engine.engine import Engine
+    from bulkrun.engine.core.config import EngineConfig
+    from bulkrun.engine.core.engine import Engine
 
     capped = Engine(engine.runner, EngineConfig(block_size=4, max_model_len=6))
     engine.runner.pool = capped.pool
@@ -222,7 +222,7 @@ def real_tokenizer():
 
 
 def test_incremental_detokenization_matches_full_decode(real_tokenizer):
-    from bulkrun.engine.stop import StopStringMatcher, decode_output
+    from bulkrun.engine.core.stop import StopStringMatcher, decode_output
 
     tok = real_tokenizer
     prompt = tok.encode("Say something:")
@@ -247,8 +247,8 @@ def test_async_scheduling_gives_the_same_results_under_memory_pressure():
 
     from engine_fakes import FakeRunner
 
-    from bulkrun.engine.config import EngineConfig
-    from bulkrun.engine.engine import Engine
+    from bulkrun.engine.core.config import EngineConfig
+    from bulkrun.engine.core.engine import Engine
 
     rng = random.Random(3)
     requests = []
@@ -286,8 +286,8 @@ def test_a_device_that_answers_late_gives_the_reference_tokens(async_scheduling)
     then come from the device side of the runner."""
     from engine_fakes import SimulatedDeviceRunner
 
-    from bulkrun.engine.config import EngineConfig
-    from bulkrun.engine.engine import Engine
+    from bulkrun.engine.core.config import EngineConfig
+    from bulkrun.engine.core.engine import Engine
 
     runner = SimulatedDeviceRunner(device_seconds=0.001, num_blocks=64, block_size=4)
     engine = Engine(

@@ -9,8 +9,8 @@ import threading
 import numpy as np
 import pytest
 
-from bulkrun.engine import grammar
-from bulkrun.engine.grammar import (
+from bulkrun.engine.structured_output import grammar
+from bulkrun.engine.structured_output.grammar import (
     ConstraintSpec,
     GrammarCache,
     GrammarError,
@@ -219,7 +219,7 @@ def test_fill_refuses_a_wrong_buffer(cache, tokenizer):
 
 
 def test_objects_are_closed_unless_the_schema_opens_them():
-    from bulkrun.engine.grammar import closed_objects
+    from bulkrun.engine.structured_output.grammar import closed_objects
 
     schema = {
         "type": "object",

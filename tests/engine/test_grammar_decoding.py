@@ -14,9 +14,9 @@ import pytest
 import torch
 from helpers.constraints import PROMPTS, specs
 
-from bulkrun.engine.grammar import GrammarCache, GrammarTokenizer, MaskFiller, new_bitmask
-from bulkrun.engine.grammar_mask import apply_token_bitmask
-from bulkrun.engine.grammar_output import check_output
+from bulkrun.engine.structured_output.bitmask import apply_token_bitmask
+from bulkrun.engine.structured_output.grammar import GrammarCache, GrammarTokenizer, MaskFiller, new_bitmask
+from bulkrun.engine.structured_output.output import check_output
 
 pytestmark = pytest.mark.slow
 MAX_TOKENS = 160

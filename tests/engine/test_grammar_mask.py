@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from bulkrun.engine.grammar_mask import apply_token_bitmask, unpack_bitmask
+from bulkrun.engine.structured_output.bitmask import apply_token_bitmask, unpack_bitmask
 
 
 def pack(allowed: list[set[int]], vocab: int) -> torch.Tensor:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bulkrun.engine.grammar import ConstraintSpec
-from bulkrun.engine.grammar_output import check_output
+from bulkrun.engine.structured_output.grammar import ConstraintSpec
+from bulkrun.engine.structured_output.output import check_output
 
 PERSON = ConstraintSpec.json_schema(
     {

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bulkrun.engine.config import EngineConfig
-from bulkrun.engine.engine import Engine
-from bulkrun.engine.kv_cache import bytes_per_block
-from bulkrun.engine.params import EngineRequest, SamplingParams
+from bulkrun.engine.core.config import EngineConfig
+from bulkrun.engine.core.params import EngineRequest, SamplingParams
+from bulkrun.engine.load import load_engine
+from bulkrun.engine.worker.kv_cache import bytes_per_block
 from bulkrun.model.config import ModelConfig
 
 pytestmark = pytest.mark.slow
@@ -150,7 +150,7 @@ def expected(model_dir, prompts) -> dict[str, list[list[int]]]:
 
 def _generate(model_dir: str, prompts: list[list[int]], **config) -> tuple[list[list[int]], dict]:
     """Outputs in prompt order, and the run's figures summed over its steps."""
-    engine = Engine.from_model(model_dir, EngineConfig(**{"dtype": "float32", **config}))
+    engine = load_engine(model_dir, EngineConfig(**{"dtype": "float32", **config}))
     requests = [
         EngineRequest(f"p{i}", ids, SamplingParams(max_tokens=MAX_NEW_TOKENS))
         for i, ids in enumerate(prompts)

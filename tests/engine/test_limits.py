@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bulkrun.engine.config import EngineConfig
-from bulkrun.engine.limits import choose_limits
+from bulkrun.engine.core.config import EngineConfig
+from bulkrun.engine.core.limits import choose_limits
 
 
 def test_a_large_gpu_gets_vllm_sized_steps():
@@ -34,6 +34,6 @@ def test_the_engine_runs_with_the_limits_the_runner_chose(make_engine):
     engine, runner = make_engine()
     assert engine.scheduler.max_num_batched_tokens == 1024 and engine.limits.device == "cpu"
     runner.limits = choose_limits(EngineConfig(), "cuda", 141 << 30)
-    from bulkrun.engine.engine import Engine
+    from bulkrun.engine.core.engine import Engine
 
     assert Engine(runner, EngineConfig(block_size=4)).scheduler.max_num_seqs == 1024

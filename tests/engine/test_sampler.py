@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from bulkrun.engine.params import SamplingParams
-from bulkrun.engine.sampler import Sampler, draw_uniform
+from bulkrun.engine.core.params import SamplingParams
+from bulkrun.engine.worker.sampler import Sampler, draw_uniform
 
 VOCAB = 50
 

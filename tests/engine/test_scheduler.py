@@ -16,8 +16,8 @@ from engine_fakes import (
     score_logprob,
 )
 
-from bulkrun.engine.params import EngineRequest, SamplingParams
-from bulkrun.engine.request import RequestStatus
+from bulkrun.engine.core.params import EngineRequest, SamplingParams
+from bulkrun.engine.core.request import RequestStatus
 
 
 def gen(rid, prompt, max_tokens=4, **params):
@@ -321,8 +321,8 @@ def test_scoring_too_long_fails(make_scheduler):
 def test_malformed_requests_raise():
     import pytest
 
-    from bulkrun.engine.block_pool import BlockPool
-    from bulkrun.engine.scheduler import Scheduler
+    from bulkrun.engine.core.block_pool import BlockPool
+    from bulkrun.engine.core.scheduler import Scheduler
 
     sched = Scheduler(BlockPool(8, 4), max_num_seqs=4, max_num_batched_tokens=16, max_model_len=64)
     with pytest.raises(ValueError, match="empty list"):

@@ -3,7 +3,7 @@ list, with a prompt each that makes the default model try."""
 
 from __future__ import annotations
 
-from bulkrun.engine.grammar import ConstraintSpec
+from bulkrun.engine.structured_output.grammar import ConstraintSpec
 
 NAME = {"type": "string", "minLength": 1, "maxLength": 30}
 # Objects are closed (additionalProperties false): JSON Schema allows extra keys by default, and a

@@ -6,9 +6,9 @@ import hashlib
 import json
 import random
 
-from bulkrun.engine.engine import Engine
-from bulkrun.engine.outputs import RequestOutput, StepStats
-from bulkrun.engine.params import EngineRequest
+from bulkrun.engine.core.engine import Engine
+from bulkrun.engine.core.outputs import RequestOutput, StepStats
+from bulkrun.engine.core.params import EngineRequest
 
 
 class FakeEngine:

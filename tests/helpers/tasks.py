@@ -62,7 +62,7 @@ class ReferenceEngine:
         self.texts = texts or {}
 
     def run(self, request):
-        from bulkrun.engine.outputs import RequestOutput
+        from bulkrun.engine.core.outputs import RequestOutput
 
         if request.continuations is None:
             text = self.texts.get(request.request_id, "")

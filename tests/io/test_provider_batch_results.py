@@ -197,7 +197,7 @@ def test_missing_export_files_are_clear_errors(tmp_path):
 
 @pytest.mark.parametrize("n", [1, 2])
 def test_records_have_a_local_runs_columns(tmp_path, n):
-    from bulkrun.engine.outputs import RequestOutput
+    from bulkrun.engine.core.outputs import RequestOutput
     from bulkrun.tasks.base import generation_columns
 
     local = generation_columns([RequestOutput(str(k), [1, 2], [3], "t", "stop") for k in range(n)], n)

@@ -12,9 +12,9 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from bulkrun.engine.config import EngineConfig
-from bulkrun.engine.engine import Engine
-from bulkrun.engine.params import EngineRequest, SamplingParams
+from bulkrun.engine.core.config import EngineConfig
+from bulkrun.engine.core.params import EngineRequest, SamplingParams
+from bulkrun.engine.load import load_engine
 from bulkrun_kernels import paged_attention as attention_module
 
 VOCAB = 64
@@ -42,7 +42,7 @@ def generate(folder, kernels: str, device: str):
     # A small token budget splits the long prompt into chunks that share steps with decode rows.
     config = EngineConfig(device=device, dtype="float32", kernels=kernels, max_num_batched_tokens=16, block_size=4,
                           kv_cache_bytes=2**20, enable_prefix_caching=False)  # fmt: skip
-    engine = Engine.from_model(str(folder), config)
+    engine = load_engine(str(folder), config)
     assert engine.runner.ops.backend == kernels
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (3, 21, 1, 9)]

@@ -6,11 +6,11 @@ import pytest
 import torch
 from helpers.models import KINDS, VOCAB, build_tiny_model
 
-from bulkrun.engine.kv_cache import KVCache
-from bulkrun.engine.params import SamplingParams
-from bulkrun.engine.request import Request
-from bulkrun.engine.scheduler import ScheduledRequest
-from bulkrun.engine.step_inputs import build_step_inputs
+from bulkrun.engine.core.params import SamplingParams
+from bulkrun.engine.core.request import Request
+from bulkrun.engine.core.scheduler import ScheduledRequest
+from bulkrun.engine.worker.kv_cache import KVCache
+from bulkrun.engine.worker.step_inputs import build_step_inputs
 from bulkrun.model.linear import pack_linears_for_cpu
 from bulkrun.model.loader import load_model
 from bulkrun_kernels import cpu_build, get_ops

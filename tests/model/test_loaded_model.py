@@ -9,12 +9,12 @@ import os
 import pytest
 from helpers.models import build_tiny_model
 
-from bulkrun.engine import loaded_model
-from bulkrun.engine.config import EngineConfig
-from bulkrun.engine.params import SamplingParams
-from bulkrun.engine.request import Request
-from bulkrun.engine.runner import ModelRunner
-from bulkrun.engine.scheduler import ScheduledRequest, SchedulerOutput
+from bulkrun.engine.core.config import EngineConfig
+from bulkrun.engine.core.params import SamplingParams
+from bulkrun.engine.core.request import Request
+from bulkrun.engine.core.scheduler import ScheduledRequest, SchedulerOutput
+from bulkrun.engine.worker import loaded_model
+from bulkrun.engine.worker.runner import ModelRunner
 
 
 @pytest.fixture

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 from helpers.models import VOCAB, build_tiny_model
 
-from bulkrun.engine import decode_graphs
-from bulkrun.engine.config import EngineConfig
-from bulkrun.engine.decode_graphs import DecodeGraphs, graph_batch_sizes
-from bulkrun.engine.engine import Engine
-from bulkrun.engine.params import EngineRequest, SamplingParams
-from bulkrun.engine.runner import ModelRunner
+from bulkrun.engine.core.config import EngineConfig
+from bulkrun.engine.core.engine import Engine
+from bulkrun.engine.core.params import EngineRequest, SamplingParams
+from bulkrun.engine.worker import decode_graphs
+from bulkrun.engine.worker.decode_graphs import DecodeGraphs, graph_batch_sizes
+from bulkrun.engine.worker.runner import ModelRunner
 
 
 def test_batch_sizes_are_padded_up_to_the_running_limit():

@@ -7,11 +7,11 @@ import pytest
 import torch
 from helpers.models import VOCAB, build_tiny_model
 
-from bulkrun.engine.config import EngineConfig
-from bulkrun.engine.params import SamplingParams
-from bulkrun.engine.request import Request
-from bulkrun.engine.runner import ModelRunner
-from bulkrun.engine.scheduler import ScheduledRequest, SchedulerOutput
+from bulkrun.engine.core.config import EngineConfig
+from bulkrun.engine.core.params import SamplingParams
+from bulkrun.engine.core.request import Request
+from bulkrun.engine.core.scheduler import ScheduledRequest, SchedulerOutput
+from bulkrun.engine.worker.runner import ModelRunner
 
 BLOCK = 4
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from bulkrun.engine.params import SamplingParams
-from bulkrun.engine.request import Request
-from bulkrun.engine.scheduler import ScheduledRequest
-from bulkrun.engine.step_inputs import build_step_inputs
+from bulkrun.engine.core.params import SamplingParams
+from bulkrun.engine.core.request import Request
+from bulkrun.engine.core.scheduler import ScheduledRequest
+from bulkrun.engine.worker.step_inputs import build_step_inputs
 
 BS = 4
 

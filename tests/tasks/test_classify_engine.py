@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 from helpers.tasks import chat_prompt_ids, hf_continuation_logprobs, load_hf_model
 
-from bulkrun.engine.config import EngineConfig
-from bulkrun.engine.engine import Engine
-from bulkrun.engine.params import EngineRequest, SamplingParams
+from bulkrun.engine.core.config import EngineConfig
+from bulkrun.engine.core.params import EngineRequest, SamplingParams
+from bulkrun.engine.load import load_engine
 from bulkrun.tasks.base import Item, TaskContext
 from bulkrun.tasks.classify import ClassifyTask
 from bulkrun.tasks.labels import LabelSet
@@ -48,7 +48,7 @@ def score_requests(task, tokenizer, texts, prefix="i"):
 
 
 def engine_for(model_dir, **config):
-    return Engine.from_model(str(model_dir), EngineConfig(kv_cache_bytes=32 << 20, dtype="float32", **config))
+    return load_engine(str(model_dir), EngineConfig(kv_cache_bytes=32 << 20, dtype="float32", **config))
 
 
 @pytest.fixture(scope="module")

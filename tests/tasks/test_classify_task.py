@@ -7,8 +7,8 @@ import math
 import pytest
 from helpers.tasks import ReferenceEngine, chat_prompt_ids, load_hf_model, run_items
 
-from bulkrun.engine.outputs import RequestOutput
-from bulkrun.engine.params import SamplingParams
+from bulkrun.engine.core.outputs import RequestOutput
+from bulkrun.engine.core.params import SamplingParams
 from bulkrun.tasks.base import Item, RowError, TaskContext
 from bulkrun.tasks.calibration import argmax, calibrate, normalized_probs
 from bulkrun.tasks.classify import ClassifyTask

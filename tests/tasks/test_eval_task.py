@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers.tasks import ReferenceEngine, load_hf_model, run_items
 
-from bulkrun.engine.params import SamplingParams
+from bulkrun.engine.core.params import SamplingParams
 from bulkrun.tasks.base import Item, RowError, TaskContext
 from bulkrun.tasks.eval import EvalTask
 

@@ -7,9 +7,9 @@ import pytest
 from helpers.multiple_choice import ROWS, hf_choice_loglikelihoods, lm_eval_acc
 from helpers.tasks import load_hf_model
 
-from bulkrun.engine.config import EngineConfig
-from bulkrun.engine.engine import Engine
-from bulkrun.engine.params import EngineRequest, SamplingParams
+from bulkrun.engine.core.config import EngineConfig
+from bulkrun.engine.core.params import EngineRequest, SamplingParams
+from bulkrun.engine.load import load_engine
 from bulkrun.tasks.base import RowError
 from bulkrun.tasks.multiple_choice import choice_columns, encode_choices, parse_row
 
@@ -25,7 +25,7 @@ def hf_model(default_model_dir):
 
 @pytest.fixture(scope="module")
 def engine(default_model_dir):
-    return Engine.from_model(str(default_model_dir), EngineConfig(kv_cache_bytes=32 << 20, dtype="float32"))
+    return load_engine(str(default_model_dir), EngineConfig(kv_cache_bytes=32 << 20, dtype="float32"))
 
 
 def test_engine_scores_equal_lm_eval_recipe_with_transformers(engine, tokenizer, hf_model):

@@ -1,6 +1,6 @@
 """Continuation scoring, in one place: how a scoring request is split, which rows it needs logits
-for, how those logits become log-probabilities, and what its results do to it. The scheduler side
-needs no torch; the runner side imports it inside compute_logprobs.
+for, how those logits become log-probabilities, and what its results do to it. Plain Python: the
+log-probabilities themselves are computed by bulkrun.engine.worker.score_logprobs.
 
 A scoring request ("parent") computes its whole prompt; its last prompt row scores every
 continuation's first token. Each continuation longer than one token gets a child request (prompt +
@@ -9,7 +9,7 @@ when its last child does.
 
 Fixed points: the scheduler calls `start_scoring` when a scoring request arrives and `apply_results`
 when a step's results land; the step-input builder calls `score_rows` per scheduled chunk and the
-runner calls `compute_logprobs` once per step.
+runner calls `worker.score_logprobs.compute_logprobs` once per step.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from bulkrun.engine.request import Request, RequestKind
-from bulkrun.engine.runner_output import RunnerOutput
+from bulkrun.engine.core.request import Request, RequestKind
+from bulkrun.engine.core.runner_output import RunnerOutput
 
 # ---- scheduler side ------------------------------------------------------------------------------
 
@@ -135,34 +135,3 @@ class ScoreRows:
     @property
     def rows(self) -> list[int]:
         return self.span_rows + self.first_token_rows
-
-
-def compute_logprobs(rows: ScoreRows, logits, first_logit_row: int, result: RunnerOutput) -> None:
-    """Fill result's score_logprobs / first_token_logprobs. `logits` holds the scoring rows from
-    first_logit_row on, in ScoreRows order (fp32 or bf16 [N, vocab] tensor)."""
-    import torch
-
-    spans = rows.spans
-    at = first_logit_row
-    if spans:
-        targets = torch.tensor([t for s in spans for t in s.targets], device=logits.device)
-        scored = logits[at : at + len(targets)].float().log_softmax(dim=-1)
-        values = scored.gather(1, targets[:, None]).squeeze(1).tolist()
-        start = 0
-        for s in spans:
-            result.score_logprobs[s.request.request_id] = values[start : start + len(s.targets)]
-            start += len(s.targets)
-        at += len(targets)
-    requests = rows.first_token_requests
-    if requests:
-        # one log_softmax row per parent (its last prompt row), K gathers from it
-        firsts = logits[at : at + len(requests)].float().log_softmax(dim=-1)
-        row_index = [i for i, r in enumerate(requests) for _ in r.first_token_ids]
-        tokens = [t for r in requests for t in r.first_token_ids]
-        device = logits.device
-        values = firsts[torch.tensor(row_index, device=device), torch.tensor(tokens, device=device)].tolist()
-        start = 0
-        for r in requests:
-            end = start + len(r.first_token_ids)
-            result.first_token_logprobs[r.request_id] = values[start:end]
-            start = end

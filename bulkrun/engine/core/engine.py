@@ -1,7 +1,7 @@
 """The engine: a Scheduler and a BlockPool (plain Python) driving a ModelRunner (tensors).
 
 One step = schedule, execute one packed batch, apply the results, and hand back the requests that
-finished in it. Nothing here imports torch; the real runner is imported only by from_model().
+finished in it. Nothing here imports torch: bulkrun.engine.load builds one over the real runner.
 """
 
 from __future__ import annotations
@@ -9,16 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from bulkrun.engine.block_pool import BlockPool
-from bulkrun.engine.config import EngineConfig
-from bulkrun.engine.grammar_requests import ConstrainedRequests
-from bulkrun.engine.limits import EngineLimits, choose_limits
-from bulkrun.engine.outputs import RequestOutput, StepStats
-from bulkrun.engine.params import EngineRequest
-from bulkrun.engine.request import Request, RequestKind
-from bulkrun.engine.runner_output import RunnerOutput
-from bulkrun.engine.scheduler import Scheduler, SchedulerOutput
-from bulkrun.engine.stop import StopStringMatcher, decode_output
+from bulkrun.engine.core.block_pool import BlockPool
+from bulkrun.engine.core.config import EngineConfig
+from bulkrun.engine.core.limits import EngineLimits, choose_limits
+from bulkrun.engine.core.outputs import RequestOutput, StepStats
+from bulkrun.engine.core.params import EngineRequest
+from bulkrun.engine.core.request import Request, RequestKind
+from bulkrun.engine.core.runner_output import RunnerOutput
+from bulkrun.engine.core.scheduler import Scheduler, SchedulerOutput
+from bulkrun.engine.core.stop import StopStringMatcher, decode_output
+from bulkrun.engine.structured_output.requests import ConstrainedRequests
 
 _NOTHING_RUN = RunnerOutput()
 
@@ -28,7 +28,7 @@ class Engine:
         """`runner` provides num_blocks, block_size, max_model_len, eos_token_ids, tokenizer and
         execute(SchedulerOutput) -> RunnerOutput, optionally launch(SchedulerOutput) -> a handle
         whose result() gives the RunnerOutput once the step's work lands (asynchronous devices)
-        (bulkrun.engine.runner.ModelRunner, or a fake)."""
+        (bulkrun.engine.worker.runner.ModelRunner, or a fake)."""
         self.config = config or EngineConfig()
         self.runner = runner
         self.tokenizer = runner.tokenizer
@@ -61,14 +61,6 @@ class Engine:
             self.tokenizer, self.vocab_size, runner.eos_token_ids, self.config.grammar_time_limit_s
         )
         self.last_stats = StepStats(kv_blocks_total=self.pool.num_blocks)
-
-    @classmethod
-    def from_model(cls, model_dir: str, config: EngineConfig | None = None) -> Engine:
-        """Load the model in the local directory `model_dir` (resolved by the caller)."""
-        from bulkrun.engine.runner import ModelRunner  # torch lives behind this import
-
-        config = config or EngineConfig()
-        return cls(ModelRunner(str(model_dir), config), config)
 
     # ---- intake -------------------------------------------------------------------------------
 

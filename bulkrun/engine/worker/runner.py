@@ -15,16 +15,17 @@ from operator import attrgetter, is_
 
 import torch
 
-from bulkrun.engine import loaded_model, scoring
-from bulkrun.engine.config import EngineConfig
-from bulkrun.engine.decode_graphs import DecodeGraphs, graph_batch_sizes
-from bulkrun.engine.grammar_step import GrammarMasks, StepMasks
-from bulkrun.engine.kv_cache import KVCache, default_cpu_kv_bytes, default_cuda_kv_bytes
-from bulkrun.engine.limits import EngineLimits, choose_limits
-from bulkrun.engine.runner_output import RunnerOutput
-from bulkrun.engine.sampler import Sampler
-from bulkrun.engine.scheduler import SchedulerOutput
-from bulkrun.engine.step_inputs import StepInputs, StepState
+from bulkrun.engine.core.config import EngineConfig
+from bulkrun.engine.core.limits import EngineLimits, choose_limits
+from bulkrun.engine.core.runner_output import RunnerOutput
+from bulkrun.engine.core.scheduler import SchedulerOutput
+from bulkrun.engine.structured_output.step_masks import GrammarMasks, StepMasks
+from bulkrun.engine.worker import loaded_model
+from bulkrun.engine.worker.decode_graphs import DecodeGraphs, graph_batch_sizes
+from bulkrun.engine.worker.kv_cache import KVCache, default_cpu_kv_bytes, default_cuda_kv_bytes
+from bulkrun.engine.worker.sampler import Sampler
+from bulkrun.engine.worker.score_logprobs import compute_logprobs
+from bulkrun.engine.worker.step_inputs import StepInputs, StepState
 from bulkrun_kernels.reference import plan_attention
 
 log = logging.getLogger(__name__)
@@ -165,7 +166,7 @@ class ModelRunner:
             tokens[torch.tensor(rest, device=h.device)] = torch.tensor(drawn, device=h.device)
             for j, value in row_logprobs.items():
                 result.sampled_logprobs[requests[rest[j]].request_id] = value
-        scoring.compute_logprobs(inputs.scores, logits, len(rest), result)
+        compute_logprobs(inputs.scores, logits, len(rest), result)
         return tokens
 
     def _greedy_rows(self, requests: list) -> list[int]:
@@ -192,10 +193,10 @@ class ModelRunner:
     def _profile_activation_bytes(self) -> int:
         """Peak extra device memory of a step at the full token budget: one prompt chunk whose
         every row is scored (a long continuation), so its logits and log_softmax are all there."""
-        from bulkrun.engine.params import SamplingParams
-        from bulkrun.engine.request import Request
-        from bulkrun.engine.scheduler import ScheduledRequest
-        from bulkrun.engine.step_inputs import build_step_inputs
+        from bulkrun.engine.core.params import SamplingParams
+        from bulkrun.engine.core.request import Request
+        from bulkrun.engine.core.scheduler import ScheduledRequest
+        from bulkrun.engine.worker.step_inputs import build_step_inputs
 
         cfg = self.model.cfg
         tokens = max(1, min(self.limits.max_num_batched_tokens, self.max_model_len))

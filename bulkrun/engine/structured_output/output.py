@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from bulkrun.engine.grammar import ConstraintSpec
+from bulkrun.engine.structured_output.grammar import ConstraintSpec
 
 if TYPE_CHECKING:
     import jsonschema

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bulkrun.engine.grammar import DEFAULT_TIME_LIMIT_S, GrammarCache, GrammarTokenizer
-from bulkrun.engine.request import Request
+from bulkrun.engine.core.request import Request
+from bulkrun.engine.structured_output.grammar import DEFAULT_TIME_LIMIT_S, GrammarCache, GrammarTokenizer
 
 
 class ConstrainedRequests:

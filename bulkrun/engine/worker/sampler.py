@@ -20,7 +20,7 @@ import random
 
 import torch
 
-from bulkrun.engine.params import SamplingParams
+from bulkrun.engine.core.params import SamplingParams
 
 TOP_P_CANDIDATES = 1024  # first guess at how many tokens a top-p row needs
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bulkrun.engine.request import Request
+from bulkrun.engine.core.request import Request
 
 _NEVER = np.iinfo(np.int64).max
 UNSYNCED_TOKENS = 32  # a slot's newest tokens kept here before they join the request's list

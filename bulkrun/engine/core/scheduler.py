@@ -14,14 +14,14 @@ from operator import attrgetter
 
 import numpy as np
 
-from bulkrun.engine import scoring
-from bulkrun.engine.block_pool import BlockPool
-from bulkrun.engine.kv_cache_manager import KVCacheManager
-from bulkrun.engine.params import EngineRequest
-from bulkrun.engine.request import Request, RequestStatus, validate_engine_request
-from bulkrun.engine.runner_output import RunnerOutput
-from bulkrun.engine.running_batch import RunningBatch
-from bulkrun.engine.scoring import ScoringEvent
+from bulkrun.engine.core import scoring
+from bulkrun.engine.core.block_pool import BlockPool
+from bulkrun.engine.core.kv_cache_manager import KVCacheManager
+from bulkrun.engine.core.params import EngineRequest
+from bulkrun.engine.core.request import Request, RequestStatus, validate_engine_request
+from bulkrun.engine.core.runner_output import RunnerOutput
+from bulkrun.engine.core.running_batch import RunningBatch
+from bulkrun.engine.core.scoring import ScoringEvent
 
 
 @dataclass(slots=True)

@@ -15,9 +15,9 @@ from itertools import compress
 import numpy as np
 import torch
 
-from bulkrun.engine.request import Request
-from bulkrun.engine.scheduler import ScheduledRequest, SchedulerOutput
-from bulkrun.engine.scoring import ScoreRows, ScoreSpan
+from bulkrun.engine.core.request import Request
+from bulkrun.engine.core.scheduler import ScheduledRequest, SchedulerOutput
+from bulkrun.engine.core.scoring import ScoreRows, ScoreSpan
 from bulkrun.model.attention_metadata import AttentionMetadata
 
 __all__ = ["ScoreSpan", "StepInputs", "StepState", "build_step_inputs"]

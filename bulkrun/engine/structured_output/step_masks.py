@@ -20,8 +20,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
-from bulkrun.engine.grammar import MaskFiller
-from bulkrun.engine.grammar_mask import apply_token_bitmask
+from bulkrun.engine.structured_output.bitmask import apply_token_bitmask
+from bulkrun.engine.structured_output.grammar import MaskFiller
 
 
 class GrammarMasks:

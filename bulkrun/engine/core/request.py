@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from bulkrun.engine.params import EngineRequest, SamplingParams
+from bulkrun.engine.core.params import EngineRequest, SamplingParams
 
 
 class RequestStatus(Enum):
@@ -143,7 +143,7 @@ class Request:
         return self.num_target_tokens - self.num_computed_tokens
 
     def continuation_logprobs(self) -> list[list[float]]:
-        from bulkrun.engine.scoring import continuation_logprobs
+        from bulkrun.engine.core.scoring import continuation_logprobs
 
         return continuation_logprobs(self)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bulkrun.engine.block_pool import BlockPool, extend_block_hashes
-from bulkrun.engine.request import Request
+from bulkrun.engine.core.block_pool import BlockPool, extend_block_hashes
+from bulkrun.engine.core.request import Request
 
 
 class KVCacheManager:

@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from bulkrun.engine.config import EngineConfig
-from bulkrun.engine.cpu_env import keep_freed_memory
-from bulkrun.engine.device import resolve_device
+from bulkrun.engine.core.config import EngineConfig
 from bulkrun.engine.tokenizer import load_tokenizer
+from bulkrun.engine.worker.cpu_env import keep_freed_memory
+from bulkrun.engine.worker.device import resolve_device
 from bulkrun.model.greedy_head import build_greedy_head
 from bulkrun.model.linear import pack_linears_for_cpu
 from bulkrun.model.loader import load_model
