@@ -4,7 +4,7 @@
 URI) and returns its report; `run_sweep_spec` runs an eval sweep, one job per combination. Errors
 are the library's (bulkrun.exceptions): the CLI turns them into a line and an exit code, the API
 lets them propagate. A model loaded by one job is kept for the next job of this process with the
-same model directory, device, dtype and kernels (bulkrun.engine.loaded_model), so a notebook's
+same model directory, device, dtype and kernels (bulkrun.engine.worker.loaded_model), so a notebook's
 repeated `bulkrun.run(...)` calls and a sweep's runs over one model load it once.
 """
 

@@ -59,7 +59,9 @@ def _show_version(value: bool) -> None:
 def bulkrun(
     version: Annotated[
         bool,
-        typer.Option("--version", "-V", callback=_show_version, is_eager=True, help="Show the version and exit."),
+        typer.Option(
+            "--version", "-V", callback=_show_version, is_eager=True, help="Show the version and exit."
+        ),
     ] = False,
 ) -> None:
     """Offline bulk LLM inference: classify, generate, summarize and evaluate whole files on a

@@ -141,7 +141,9 @@ def spec_values(ctx: typer.Context, *own: str) -> dict:
     for name, value in ctx.params.items():
         if name in own or value is None or (isinstance(value, list | tuple) and not value):
             continue
-        values[name] = str(value) if isinstance(value, Path) else list(value) if isinstance(value, tuple) else value
+        values[name] = (
+            str(value) if isinstance(value, Path) else list(value) if isinstance(value, tuple) else value
+        )
     address = values.pop("ray_address", None)
     if values.pop("ray", False) or address is not None:
         values["ray"] = address or RAY_DEFAULT

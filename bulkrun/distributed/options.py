@@ -28,9 +28,7 @@ def looks_like_ray_address(token: str) -> bool:
 def check_ray_address(value: str | bool | None) -> None:
     """A `--ray-address` (or spec `ray`) value must be an address: refused here rather than dialled."""
     if isinstance(value, str) and not looks_like_ray_address(value):
-        raise UsageError(
-            f"{value!r} is not a Ray address (auto, local, host:port or ray://host:10001)"
-        )
+        raise UsageError(f"{value!r} is not a Ray address (auto, local, host:port or ray://host:10001)")
 
 
 def check_exec_options(ray: str | bool | None, workers: int | None, shard: str | None) -> None:

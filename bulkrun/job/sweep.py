@@ -4,7 +4,7 @@ the comparison tables.
 Each combination has its own output directory OUT/runs/<name>/, so every run is resumable on its own
 and rerunning the sweep continues where it stopped. The comparison goes to OUT/sweep.json (every
 run's metrics) and OUT/sweep.md (a table). Runs of one model follow each other, so the loaded model
-is reused between them (bulkrun.engine.loaded_model keeps the last one).
+is reused between them (bulkrun.engine.worker.loaded_model keeps the last one).
 """
 
 from __future__ import annotations
@@ -17,7 +17,14 @@ from typing import Any
 
 from bulkrun.io.atomic import make_dirs, write_text_atomic
 from bulkrun.job.spec import JobSpec
-from bulkrun.tasks.sweep import SWEEP_KEYS, Combination, SweepError, combinations, markdown_table, template_files
+from bulkrun.tasks.sweep import (
+    SWEEP_KEYS,
+    Combination,
+    SweepError,
+    combinations,
+    markdown_table,
+    template_files,
+)
 
 
 def run_sweep(spec: JobSpec, run_one: Callable[[JobSpec], dict]) -> list[dict]:

@@ -47,7 +47,15 @@ def test_each_input_format_gives_the_same_results_in_input_order(bulkrun, tmp_pa
 def test_length_sorting_and_windows_do_not_change_greedy_results(bulkrun, tmp_path, cli_model):
     path = write_jsonl(tmp_path / "in.jsonl", ROWS)
     bulkrun("generate", path, "--out", tmp_path / "a", "--window", "3", *_common(cli_model))
-    bulkrun("generate", path, "--out", tmp_path / "b", "--no-sort", "--no-enable-prefix-caching", *_common(cli_model))
+    bulkrun(
+        "generate",
+        path,
+        "--out",
+        tmp_path / "b",
+        "--no-sort",
+        "--no-enable-prefix-caching",
+        *_common(cli_model),
+    )
     assert read_jsonl(tmp_path / "a" / "results.jsonl") == read_jsonl(tmp_path / "b" / "results.jsonl")
 
 

@@ -12,7 +12,11 @@ from helpers.cli_commands import command_paths, commands
 import bulkrun.cli
 
 CLI = Path(bulkrun.cli.__file__).parent
-DECLARATIONS = {"Option", "Argument", "_option"}  # typer.Option(...), typer.Argument(...), options._option(...)
+DECLARATIONS = {
+    "Option",
+    "Argument",
+    "_option",
+}  # typer.Option(...), typer.Argument(...), options._option(...)
 
 
 @pytest.mark.parametrize("path", command_paths(), ids=" ".join)
@@ -37,8 +41,14 @@ def _declared_flags(path: Path) -> list[tuple[str, int]]:
         if isinstance(node, ast.Call):
             name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
             if name in DECLARATIONS:
-                decls = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
-                decls += [k.value.value for k in node.keywords if k.arg == "metavar" and isinstance(k.value, ast.Constant)]
+                decls = [
+                    a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                ]
+                decls += [
+                    k.value.value
+                    for k in node.keywords
+                    if k.arg == "metavar" and isinstance(k.value, ast.Constant)
+                ]
                 found.extend((decl, node.lineno) for decl in decls or ["<unnamed>"])
     return found
 

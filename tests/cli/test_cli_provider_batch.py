@@ -69,7 +69,9 @@ def test_openai_export_then_import_gives_a_local_runs_layout(bulkrun, tmp_path, 
     )
     code, _, err = bulkrun("batch", "collect", tmp_path / "batch", output, failed)
     assert code == EXIT_INCOMPLETE, err  # an expired request is no error record: its row stays to do
-    code, _, err = bulkrun("batch", "collect", tmp_path / "batch", write_lines(tmp_path / "late.jsonl", ok[-1:]))
+    code, _, err = bulkrun(
+        "batch", "collect", tmp_path / "batch", write_lines(tmp_path / "late.jsonl", ok[-1:])
+    )
     assert code == EXIT_ROW_ERRORS, err  # complete: the final files are written, as after a local run
     imported = read_jsonl(tmp_path / "batch" / "results.jsonl")
     assert [list(r) for r in imported] == [list(r) for r in results]

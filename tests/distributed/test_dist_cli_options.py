@@ -30,7 +30,12 @@ def test_ray_options_give_the_spec_its_ray_value(argv, expected):
     app = typer.Typer()
 
     @app.command()
-    def command(ctx: typer.Context, ray: opt.Ray = None, ray_address: opt.RayAddress = None, workers: opt.Workers = None):
+    def command(
+        ctx: typer.Context,
+        ray: opt.Ray = None,
+        ray_address: opt.RayAddress = None,
+        workers: opt.Workers = None,
+    ):
         seen.update(opt.spec_values(ctx))
 
     assert CliRunner().invoke(app, argv).exit_code == 0

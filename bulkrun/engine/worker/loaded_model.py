@@ -73,7 +73,9 @@ def load(model_dir: str, config: EngineConfig) -> LoadedModel:
 def _key(model_dir: str, config: EngineConfig) -> tuple:
     """The settings a load depends on, and each file's name, size and mtime: weights rewritten in
     place are loaded again."""
-    files = tuple((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in os.scandir(model_dir) if e.is_file())
+    files = tuple(
+        (e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in os.scandir(model_dir) if e.is_file()
+    )
     return (str(model_dir), config.device, config.dtype, config.kernels, tuple(sorted(files)))
 
 
