@@ -257,7 +257,7 @@ def _loading(model_path: Path):
 @dataclass(frozen=True)
 class PromptSide:
     """What turning rows into prompts needs of a model (its tokenizer and context length), without
-    loading weights or a KV cache: for commands that prepare prompts but run nothing (export-batch)."""
+    loading weights or a KV cache: for commands that prepare prompts but run nothing (batch prepare)."""
 
     tokenizer: object
     max_model_len: int
@@ -275,7 +275,7 @@ def load_prompt_side(spec: JobSpec, model_path: Path) -> PromptSide:
 
 def task_context(spec: JobSpec, engine, compile_constraints: bool = True) -> TaskContext:
     """`compile_constraints=False` where another system enforces them (a provider's batch tier:
-    export-batch sends the schema, import-batch checks each output)."""
+    batch prepare sends the schema, batch collect checks each output)."""
     tokenizer = engine.tokenizer
     if spec.chat_template and not getattr(tokenizer, "chat_template", None):
         raise UsageError("the model has no chat template; pass --no-chat-template to use plain prompts")
