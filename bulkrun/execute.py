@@ -10,6 +10,7 @@ repeated `bulkrun.run(...)` calls and a sweep's runs over one model load it once
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 
 from bulkrun.distributed.options import check_exec_options
@@ -26,6 +27,7 @@ def is_sweep_spec(spec: JobSpec) -> bool:
 def run_spec(spec: JobSpec) -> dict:
     """Run one job (not a sweep) locally, as a --shard slice, on Ray or at a URI; its report."""
     check_exec_options(spec.ray, spec.workers, spec.shard)
+    _free_the_last_job()
     if spec.ray is not None:
         from bulkrun.distributed.ray_driver import run_on_ray
 
@@ -50,9 +52,16 @@ def run_sweep_spec(spec: JobSpec, on_report: Callable[[dict], None] | None = Non
         raise UsageError("an eval sweep runs its combinations one after another here; drop --ray/--shard")
 
     def run_one(child: JobSpec) -> dict:
+        _free_the_last_job()
         report = run_job(child)
         if on_report is not None:
             on_report(report)
         return report
 
     return run_sweep(spec, run_one)
+
+
+def _free_the_last_job() -> None:
+    """The engine of this process's last job (its KV cache) may wait in reference cycles for a
+    collection; free it before the next job sizes its KV cache from the memory that is free."""
+    gc.collect()

@@ -14,7 +14,12 @@ from bulkrun import __version__
 from bulkrun.exceptions import EXIT_CODES, EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, BulkrunError
 
 # Plain help (no markup: help texts hold brackets such as [...]) at the terminal's width, at most 80.
-PLAIN = {"rich_markup_mode": None, "add_completion": False, "pretty_exceptions_enable": False}
+PLAIN = {
+    "rich_markup_mode": None,
+    "add_completion": False,
+    "pretty_exceptions_enable": False,
+    "no_args_is_help": True,
+}
 EPILOG = "\b\nExit codes (stable; scripts may rely on them):\n" + "\n".join(
     f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES.items()
 )

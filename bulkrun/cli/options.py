@@ -154,10 +154,7 @@ def spec_values(ctx: typer.Context, *own: str) -> dict:
 def parse_sets(items: list[str]) -> dict:
     """`key=value` pairs; the value is read as a TOML value when it is one (numbers, lists,
     true/false, quoted strings), else taken as a plain string."""
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib
+    import tomllib
 
     values = {}
     for item in items:

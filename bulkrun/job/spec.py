@@ -11,8 +11,9 @@ A TOML spec is flat: the same names as the command-line options, with `_` or `-`
 Keys are the shared ones below plus the task's own (Task.options). An unknown key is an error
 naming the key. Relative paths are relative to the current directory, like on the command line.
 
-Adding an option: a field on JobSpec (shared) or a key in a Task's `options` (task-specific), and
-its flag in bulkrun/cli/options.py. Adding a task: a Task subclass and a line in _TASKS below.
+Adding an option: a field on JobSpec (shared) or a key in a Task's `options` (task-specific), its
+typed alias in bulkrun/cli/options.py, and a parameter of that name in each command that takes it.
+Adding a task: a Task subclass and a line in _TASKS below.
 Task classes are imported lazily, so `bulkrun status` never imports a model stack.
 """
 
