@@ -275,7 +275,7 @@ def load_prompt_side(spec: JobSpec, model_path: Path) -> PromptSide:
 
 def task_context(spec: JobSpec, engine, compile_constraints: bool = True) -> TaskContext:
     """`compile_constraints=False` where another system enforces them (a provider's batch tier:
-    batch prepare sends the schema, batch collect checks each output)."""
+    export-batch sends the schema, import-batch checks each output)."""
     tokenizer = engine.tokenizer
     if spec.chat_template and not getattr(tokenizer, "chat_template", None):
         raise UsageError("the model has no chat template; pass --no-chat-template to use plain prompts")
