@@ -10,6 +10,7 @@ import pytest
 from helpers.cli_commands import command_paths, commands
 
 import bulkrun.cli
+from bulkrun import exceptions
 
 CLI = Path(bulkrun.cli.__file__).parent
 DECLARATIONS = {
@@ -81,3 +82,11 @@ def test_a_shared_option_is_the_same_option_in_every_command():
                 continue
             shape = (tuple(param.opts), tuple(param.secondary_opts), param.help, param.metavar)
             assert seen.setdefault(param.name, shape) == shape, f"{' '.join(path)} --{param.name}"
+
+
+def test_the_top_level_help_lists_every_exit_code(bulkrun):
+    constants = {v for k, v in vars(exceptions).items() if k.startswith("EXIT_") and isinstance(v, int)}
+    assert set(exceptions.EXIT_CODES) == constants  # every code has its line
+    _, out, _ = bulkrun("--help")
+    lines = [line.split(None, 1) for line in out.split("Exit codes")[1].splitlines()[1:] if line.strip()]
+    assert {int(code): meaning for code, meaning in lines} == exceptions.EXIT_CODES
