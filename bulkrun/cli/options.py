@@ -119,7 +119,7 @@ Task = Annotated[str | None, _option("--task", metavar="TASK", help="The job's t
 Set = Annotated[list[str] | None, _option("--set", metavar="KEY=VALUE", help="Set any spec key, e.g. a task option: --set labels=[...] (repeatable; wins over the spec).")]
 
 # ---- the commands' own options (not spec keys) ------------------------------------------------
-AsJson = Annotated[bool, _option("--json", help="Print it as JSON.")]
+AsJson = Annotated[bool, _option("--json", help="Print JSON instead of text.")]
 Format = Annotated[str | None, _option("--format", "-f", metavar="FORMAT", help="results as jsonl or parquet (default: like the input).")]
 Force = Annotated[bool, _option("--force", help="Export what is committed even if rows remain.")]
 Prices = Annotated[Path | None, _option("--prices", metavar="FILE", help="Provider batch price table (TOML; see README).")]
