@@ -41,7 +41,6 @@ bench: install
 	$(BIN)/python bench/engine_bench.py
 	$(BIN)/python bench/precision_bench.py
 	$(BIN)/python bench/startup_bench.py
-	$(BIN)/python bench/daemon_bench.py
 	$(BIN)/python bench/classify_bench.py
 	$(BIN)/python bench/job_bench.py
 	$(BIN)/python bench/plan_bench.py

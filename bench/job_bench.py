@@ -138,7 +138,7 @@ def child_sorting(model: str, rows: int, repeats: int) -> dict:
     rng.shuffle(lines)  # arrival order is not sorted
     path.write_text("\n".join(lines) + "\n")
     values = {"task": "generate", "input": str(path), "model": model, "quiet": True, "max_tokens": 16,
-              "window": rows, "max_seqs": SORT_MAX_SEQS, "kv_cache_mem": "1GiB", "prefix_cache": False}  # fmt: skip
+              "window": rows, "max_num_seqs": SORT_MAX_SEQS, "kv_cache_bytes": "1GiB", "enable_prefix_caching": False}  # fmt: skip
     engine = load_engine(build_spec([("bench", values | {"out": str(workdir / "warm")})]))
     runs: dict[str, list[dict]] = {"on": [], "off": []}
     for r in range(repeats):

@@ -1,4 +1,4 @@
-"""`bulkrun export-batch`: a job's rows as a provider's batch request files, ready to upload.
+"""`bulkrun batch prepare`: a job's rows as a provider's batch request files, ready to upload.
 
 The rows go through the job's own input pipeline (job/pipeline.py, with the ids the job's manifest
 records), so a row the job would turn into an error record (missing field, duplicate id, prompt too long
@@ -6,7 +6,7 @@ for the model, ...) is committed here as that error record in OUT, and every oth
 request with the job's messages (template and system message applied; the provider applies its own
 chat template), sampling options and structured-output constraint.
 
-The export lives in OUT/batch/ beside the job's manifest: `bulkrun import-batch OUT FILE...` then
+The export lives in OUT/batch/ beside the job's manifest: `bulkrun batch collect OUT FILE...` then
 commits the provider's results as shards of this same job, and a plain local rerun of the job does
 whatever the batch did not (rows the provider refused, expired requests). Rows already committed
 in OUT are not exported again.

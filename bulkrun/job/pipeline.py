@@ -1,10 +1,10 @@
-"""A job's input pipeline, built here once for run, plan and export-batch:
+"""A job's input pipeline, built here once for run, plan and batch prepare:
 rows (io/readers) -> ids (the one id rule below) -> prompts (PromptBuilder) -> windows (Feed).
 
 The id rule: an OpenAI batch input's ids are its custom_ids; else --id-field; else an `id` (or
 `custom_id`) column of the input (JSONL: of its first --window rows); else the row number. A job
 records the answer in its manifest when it begins, so every later run and every command that reads
-the same job (export-batch) uses the same ids; `plan`, which writes no manifest, asks the rule itself.
+the same job (batch prepare) uses the same ids; `plan`, which writes no manifest, asks the rule itself.
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ def resolve_ids(spec, input_path: Path, fmt: str) -> dict:
 
 
 def task_context(spec, model, compile_constraints: bool = True) -> TaskContext:
-    """What the task needs of the model (an Engine, or export-batch's PromptSide) to make requests.
+    """What the task needs of the model (an Engine, or batch prepare's PromptSide) to make requests.
     `compile_constraints=False` where another system enforces them (a provider's batch tier:
-    export-batch sends the schema, import-batch checks each output)."""
+    batch prepare sends the schema, batch collect checks each output)."""
     tokenizer = model.tokenizer
     if spec.chat_template and not getattr(tokenizer, "chat_template", None):
         raise UsageError("the model has no chat template; pass --no-chat-template to use plain prompts")

@@ -204,7 +204,7 @@ def _loading(model_path: Path):
 @dataclass(frozen=True)
 class PromptSide:
     """What turning rows into prompts needs of a model (its tokenizer and context length), without
-    loading weights or a KV cache: for commands that prepare prompts but run nothing (export-batch)."""
+    loading weights or a KV cache: for commands that prepare prompts but run nothing (batch prepare)."""
 
     tokenizer: object
     max_model_len: int

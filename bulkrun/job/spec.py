@@ -11,8 +11,9 @@ A TOML spec is flat: the same names as the command-line options, with `_` or `-`
 Keys are the shared ones below plus the task's own (Task.options). An unknown key is an error
 naming the key. Relative paths are relative to the current directory, like on the command line.
 
-Adding an option: a field on JobSpec (shared) or a key in a Task's `options` (task-specific), and
-its flag in bulkrun/cli/options.py. Adding a task: a Task subclass and a line in _TASKS below.
+Adding an option: a field on JobSpec (shared) or a key in a Task's `options` (task-specific), its
+typed alias in bulkrun/cli/options.py, and a parameter of that name in each command that takes it.
+Adding a task: a Task subclass and a line in _TASKS below.
 Task classes are imported lazily, so `bulkrun status` never imports a model stack.
 """
 
@@ -73,11 +74,11 @@ class JobSpec:
     quiet: bool = False
     restart: bool = False
     keep_fields: list[str] = field(default_factory=list)
-    # engine knobs (do not change results)
-    kv_cache_mem: str | None = None
-    max_batch_tokens: int | None = None
-    max_seqs: int | None = None
-    prefix_cache: bool = True
+    # engine knobs (do not change results), named as EngineConfig's fields
+    kv_cache_bytes: str | None = None  # a size: 2GiB, 512MB or a number of bytes
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
+    enable_prefix_caching: bool = True
     kernels: str = "auto"
     device: str | None = None
     cuda_graphs: bool = True
@@ -107,10 +108,10 @@ class JobSpec:
         from bulkrun.engine.core.config import EngineConfig
 
         values = {
-            "kv_cache_bytes": parse_size(self.kv_cache_mem) if self.kv_cache_mem else None,
-            "max_num_seqs": self.max_seqs,
-            "max_num_batched_tokens": self.max_batch_tokens,
-            "enable_prefix_caching": self.prefix_cache,
+            "kv_cache_bytes": parse_size(self.kv_cache_bytes) if self.kv_cache_bytes else None,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "enable_prefix_caching": self.enable_prefix_caching,
             "dtype": self.dtype,
             "device": self.device,
             "kernels": self.kernels,
@@ -268,7 +269,7 @@ def check_value(key: str, value: Any, annotation: str, where: str) -> Any:
         return float(value)
     if "str" in kinds and isinstance(value, str):
         return value
-    if "str" in kinds and key in ("checkpoint_every", "kv_cache_mem") and isinstance(value, int):
+    if "str" in kinds and key in ("checkpoint_every", "kv_cache_bytes") and isinstance(value, int):
         return str(value)  # a bare number of items / bytes
     if "list[str]" in kinds:
         if isinstance(value, str):

@@ -21,7 +21,7 @@ N_ROWS = 24
 ROWS = texts(N_ROWS)
 ROWS[7] = {"id": "r7", "text": ""}  # an error record is committed exactly once too
 FLAGS = ["--id-field", "id", "--max-tokens", "6", "--checkpoint-every", "3", "--window", "6",
-         "--max-seqs", "2", "--kv-cache-mem", "16MiB", "--quiet"]  # fmt: skip
+         "--max-num-seqs", "2", "--kv-cache-bytes", "16MiB", "--quiet"]  # fmt: skip
 
 
 # The kill points are drawn from a fixed seed, so a failure is reproducible; set BULKRUN_KILL_SEED to

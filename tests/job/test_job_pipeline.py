@@ -1,4 +1,4 @@
-"""run, plan and export-batch read a job's rows through one input pipeline (job/pipeline.py): on an
+"""run, plan and batch prepare read a job's rows through one input pipeline (job/pipeline.py): on an
 input whose ids come from its `id` column (no --id-field), with duplicate ids and a bad row, all three
 give the same ids and the same bad rows."""
 

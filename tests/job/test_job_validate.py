@@ -1,4 +1,4 @@
-"""One home for a job's checks (job/validate.py): run, plan and export-batch refuse the same bad
+"""One home for a job's checks (job/validate.py): run, plan and batch prepare refuse the same bad
 options, with the same message, before any work (here: before the model is even looked for)."""
 
 from __future__ import annotations
