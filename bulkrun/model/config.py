@@ -1,6 +1,7 @@
 """Our view of a Hugging Face config.json: the fields the model families need, checked up front.
 
-Supported: Llama (incl. SmolLM2), Mistral, Qwen2 (q/k/v bias), Qwen3 (per-head q/k RMSNorm); Gemma 2
+Supported: Llama (incl. SmolLM2), Mistral, Qwen2 (q/k/v bias), Qwen3 (per-head q/k RMSNorm), Phi-3
+(fused qkv / gate_up weights, a window on every layer; not LongRoPE); Gemma 2
 and Gemma 3 (text; per-layer sliding windows, two RoPE bases, GeGLU, soft-capping); the MoE families
 in moe_config.py. Tied or untied embeddings; rope types default, linear and llama3. Anything else is
 refused with a message that names what was found, before any weight is read.
@@ -27,6 +28,7 @@ SUPPORTED_MODEL_TYPES = {
     "qwen2_moe": ("Qwen2MoeForCausalLM",),
     "qwen3_moe": ("Qwen3MoeForCausalLM",),
     "mixtral": ("MixtralForCausalLM",),
+    "phi3": ("Phi3ForCausalLM",),
 }
 _GEMMA = ("gemma2", "gemma3_text")
 _QKV_BIAS = ("qwen2", "qwen2_moe")
@@ -107,7 +109,9 @@ class ModelConfig:
             from bulkrun.model.moe_config import moe_fields
 
             family = moe_fields(cfg, model_type)
-        sliding = None if model_type in _GEMMA else _sliding_window(cfg, model_type)
+        if model_type == "phi3" and cfg.get("sliding_window"):  # every layer slides (transformers' Phi-3)
+            family = {"layer_windows": (int(cfg["sliding_window"]),) * cfg["num_hidden_layers"]}
+        sliding = None if model_type in _GEMMA or model_type == "phi3" else _sliding_window(cfg, model_type)
         return cls(
             model_type=model_type,
             vocab_size=cfg["vocab_size"],

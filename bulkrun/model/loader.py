@@ -46,6 +46,9 @@ _FUSED = {
     "pre_feedforward_norm": ("pre_feedforward_layernorm.weight",),
     "post_feedforward_norm": ("post_feedforward_layernorm.weight",),
 }
+# Phi-3 stores q/k/v and gate/up fused already, in our order
+_FUSED_AS_STORED = {"phi3": {"attn.qkv.weight": ("self_attn.qkv_proj.weight",),
+                             "mlp.gate_up.weight": ("mlp.gate_up_proj.weight",)}}  # fmt: skip
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 # a multimodal checkpoint's text model, under the names a text-only one uses; its vision tower unread
 _RENAMED_PREFIXES = {"model.language_model.": "model.", "language_model.model.": "model.",
@@ -147,7 +150,8 @@ def _sources(name: str, cfg: ModelConfig) -> tuple[str, ...]:
     _, index, local = name.split(".", 2)  # layers.{i}.{local}
     if local.startswith("mlp.") and local.split(".")[1] in _MOE_PARAMS:
         return tuple(f"model.layers.{index}.{s}" for s in _moe_sources(local.split(".", 1)[1], cfg))
-    return tuple(f"model.layers.{index}.{s}" for s in _FUSED[local])
+    fused = _FUSED_AS_STORED.get(cfg.model_type, {}).get(local) or _FUSED[local]
+    return tuple(f"model.layers.{index}.{s}" for s in fused)
 
 
 _MOE_PARAMS = ("router", "w_gate_up", "w_down", "shared_expert", "shared_expert_gate")

@@ -137,6 +137,8 @@ KINDS = {
     "qwen2_moe": ("Qwen2MoeConfig", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                          shared_expert_intermediate_size=48, norm_topk_prob=False)),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None)),
+    # fused qkv / gate_up as stored; a sliding window on every layer
+    "phi3": ("Phi3Config", dict(sliding_window=8, pad_token_id=0, tie_word_embeddings=False)),
 }  # fmt: skip
 
 
