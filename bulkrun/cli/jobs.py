@@ -22,6 +22,7 @@ def generate(
     system: opt.System = None,
     messages_field: opt.MessagesField = None,
     chat_template: opt.ChatTemplate = None,
+    chat_template_kwargs: opt.ChatTemplateKwargs = None,
     keep_fields: opt.KeepFields = None,
     temperature: opt.Temperature = None,
     top_k: opt.TopK = None,

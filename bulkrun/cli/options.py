@@ -52,6 +52,7 @@ PromptTemplate = Annotated[str | None, _option("--prompt-template", metavar="TEX
 System = Annotated[str | None, _option("--system", metavar="TEXT", help="System message added to every chat prompt.")]
 MessagesField = Annotated[str | None, _option("--messages-field", metavar="FIELD", help="Field of chat messages (default: messages).")]
 ChatTemplate = Annotated[bool | None, _option("--chat-template/--no-chat-template", help="Apply the model's chat template (default: on).")]
+ChatTemplateKwargs = Annotated[str | None, _option("--chat-template-kwargs", metavar="JSON", help='Options for the chat template, a JSON object, e.g. \'{"enable_thinking": false}\'.')]
 KeepFields = Annotated[list[str] | None, _option("--keep-field", metavar="FIELD", help="Copy this input field into the results (repeatable).")]
 
 # ---- sampling ---------------------------------------------------------------------------------

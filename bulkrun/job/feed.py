@@ -45,8 +45,10 @@ def error_record(index: int, item_id: str | None, error: RowError) -> dict:
 class PromptBuilder:
     """Renders items with the task and turns them into token ids, a window at a time."""
 
-    def __init__(self, task: Task, tokenizer, *, chat_template: bool, system: str | None, max_model_len: int):
+    def __init__(self, task: Task, tokenizer, *, chat_template: bool, system: str | None, max_model_len: int,
+                 chat_template_kwargs: dict | None = None):  # fmt: skip
         self.task = task
+        self.template_kwargs = dict(chat_template_kwargs or {})  # e.g. {"enable_thinking": False}
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.system = system
@@ -91,14 +93,17 @@ class PromptBuilder:
             return []
         apply = self.tokenizer.apply_chat_template
         try:
-            rendered = apply([m for _, m in chats], tokenize=False, add_generation_prompt=True)
+            rendered = apply(
+                [m for _, m in chats], tokenize=False, add_generation_prompt=True, **self.template_kwargs
+            )
             return [(item, text, False) for (item, _), text in zip(chats, rendered, strict=True)]
         except Exception:  # one bad conversation fails the batch: redo one by one to find it
             pass
         out = []
         for item, messages in chats:
             try:
-                out.append((item, apply(messages, tokenize=False, add_generation_prompt=True), False))
+                text = apply(messages, tokenize=False, add_generation_prompt=True, **self.template_kwargs)
+                out.append((item, text, False))
             except Exception as exc:
                 error = RowError("template_error", f"chat template failed: {exc}")
                 errors.append(error_record(item.index, item.id, error))

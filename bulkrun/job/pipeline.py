@@ -20,6 +20,7 @@ from bulkrun.job.constraints import compile_job_constraint, job_constraint
 from bulkrun.job.feed import Feed, IdRegistry, PromptBuilder
 from bulkrun.job.resume import RowSet
 from bulkrun.tasks.base import Task, TaskContext
+from bulkrun.tasks.reasoning import thinks
 
 ID_COLUMNS = ("id", "custom_id")  # taken as the id when --id-field is not given, in this order
 
@@ -62,6 +63,7 @@ def task_context(spec, model, compile_constraints: bool = True) -> TaskContext:
         constraint=constraint,
         schema_field=spec.schema_field,
         compile=compile_job_constraint(spec, constraint, model) if compile_constraints else None,
+        reasoning=thinks(tokenizer),
     )
 
 
@@ -88,7 +90,7 @@ def input_pipeline(
     task.bind(task_context(spec, model, compile_constraints))
     builder = PromptBuilder(
         task, model.tokenizer, chat_template=spec.chat_template, system=spec.system,
-        max_model_len=model.max_model_len,
+        max_model_len=model.max_model_len, chat_template_kwargs=spec.chat_template_kwargs,
     )  # fmt: skip
     feed = Feed(
         read_rows(Path(spec.input), fmt), builder, IdRegistry(id_field),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import json
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -50,6 +51,8 @@ class JobSpec:
     prompt_template: str | None = field(default=None, metadata=RESULT)
     system: str | None = field(default=None, metadata=RESULT)
     chat_template: bool = field(default=True, metadata=RESULT)
+    # options passed to the chat template (e.g. {"enable_thinking": false}); a JSON object on the CLI
+    chat_template_kwargs: dict = field(default_factory=dict, metadata=RESULT)
     messages_field: str | None = field(default=None, metadata=RESULT)
     # constrained generation (job/constraints.py, tasks/constraints.py)
     json_schema: str | None = field(default=None, metadata=RESULT)
@@ -160,7 +163,7 @@ def load_toml(path: Path) -> dict:
     return out
 
 
-_DICT_KEYS_OK = {"label_descriptions"}
+_DICT_KEYS_OK = {"label_descriptions", "chat_template_kwargs"}
 
 
 def build_spec(layers: list[tuple[str, dict]]) -> JobSpec:
@@ -271,6 +274,14 @@ def check_value(key: str, value: Any, annotation: str, where: str) -> Any:
         return value
     if "str" in kinds and key in ("checkpoint_every", "kv_cache_bytes") and isinstance(value, int):
         return str(value)  # a bare number of items / bytes
+    if "dict" in kinds:
+        if isinstance(value, str):  # the CLI's JSON
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise UsageError(f"option '{key}' in {where} must be a JSON object: {exc}") from None
+        if isinstance(value, dict):
+            return value
     if "list[str]" in kinds:
         if isinstance(value, str):
             return [value]

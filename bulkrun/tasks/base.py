@@ -48,6 +48,7 @@ class TaskContext:
     constraint: Any = None
     schema_field: str | None = None
     compile: Any = None
+    reasoning: bool = False  # the model thinks before answering (tasks/reasoning.py): a reasoning column
 
 
 class Task(ABC):
@@ -179,26 +180,26 @@ def sample_seed(job_seed: int | None, item_id: str, sample: int) -> int | None:
     return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
-def generation_columns(outputs: list[RequestOutput], n: int, *, as_lists: bool = False) -> dict:
+def generation_columns(outputs: list[RequestOutput], n: int, *, as_lists: bool = False,
+                       reasoning_tokenizer=None) -> dict:  # fmt: skip
     """text / finish_reason / token counts; scalars for one sample, lists (per sample) for --n > 1
-    or when `as_lists` (a column's type must not change from row to row)."""
+    or when `as_lists` (a column's type must not change from row to row). With a thinking model's
+    tokenizer as `reasoning_tokenizer`, also `reasoning`, and `text` holds only the answer."""
     texts = [o.text for o in outputs]
     reasons = [o.finish_reason for o in outputs]
     generated = [len(o.output_token_ids) for o in outputs]
     prompt_tokens = len(outputs[0].prompt_token_ids) if outputs else 0
-    if n == 1 and not as_lists:
-        return {
-            "text": texts[0],
-            "finish_reason": reasons[0],
-            "prompt_tokens": prompt_tokens,
-            "generated_tokens": generated[0],
-        }
-    return {
-        "text": texts,
-        "finish_reason": reasons,
-        "prompt_tokens": prompt_tokens,
-        "generated_tokens": generated,
-    }
+    columns = {"text": texts, "finish_reason": reasons}
+    if reasoning_tokenizer is not None:
+        from bulkrun.tasks.reasoning import prompt_opens_thinking, split_reasoning
+
+        opened = bool(outputs) and prompt_opens_thinking(reasoning_tokenizer, outputs[0].prompt_token_ids)
+        split = [split_reasoning(t or "", r, opened) for t, r in zip(texts, reasons, strict=True)]
+        columns = {"text": [s[1] for s in split], "reasoning": [s[0] for s in split],
+                   "finish_reason": [s[2] for s in split]}  # fmt: skip
+    single = n == 1 and not as_lists
+    out = {key: values[0] if single else values for key, values in columns.items()}
+    return out | {"prompt_tokens": prompt_tokens, "generated_tokens": generated[0] if single else generated}
 
 
 def prompt_text(fields: dict, template: str | None, field_name: str) -> str:
