@@ -15,7 +15,7 @@ import triton.language as tl
 
 from ._checks import FLOAT_DTYPES, check_dtype, check_ndim, check_runnable, check_same_device
 from .activation import gelu_tanh_and_mul, silu_and_mul
-from .moe_routing import combine, sort_by_expert
+from .moe_routing import clamped_swiglu, combine, expert_biases, sort_by_expert
 
 # Expert e owns row blocks from offsets[e] // BLOCK_M + e on, as sequence s owns query blocks from
 # query_start_loc[s] // BLOCK_Q + s in paged attention: the same binary search finds the owner
@@ -80,12 +80,20 @@ def grouped_gemm(a: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> tor
     return c
 
 
-def fused_moe(x, w_gate_up, w_down, topk_ids, topk_weights, activation: str = "silu"):
+def fused_moe(x, w_gate_up, w_down, topk_ids, topk_weights, activation: str = "silu", *, b_gate_up=None,
+              b_down=None, swiglu=None):  # fmt: skip
     """reference.fused_moe on the GPU: the same sort and combine, both GEMMs grouped on the device,
     nothing read back to the host (capture-safe)."""
     num_experts, k = w_gate_up.shape[0], topk_ids.shape[1]
     order, counts, offsets = sort_by_expert(topk_ids, num_experts)
     rows = x.index_select(0, order // k)
     act = gelu_tanh_and_mul if activation == "gelu_tanh" else silu_and_mul
-    y = grouped_gemm(act(grouped_gemm(rows, w_gate_up, offsets)), w_down, offsets)
+    if swiglu is not None:
+        act = lambda h: clamped_swiglu(h, *swiglu)  # noqa: E731
+    h = grouped_gemm(rows, w_gate_up, offsets)
+    if b_gate_up is not None:
+        h = h + expert_biases(b_gate_up, topk_ids, order)
+    y = grouped_gemm(act(h), w_down, offsets)
+    if b_down is not None:
+        y = y + expert_biases(b_down, topk_ids, order)
     return combine(y, order, topk_weights, x.dtype), counts

@@ -24,6 +24,19 @@ def sort_by_expert(topk_ids: torch.Tensor, num_experts: int):
     return order, counts, offsets
 
 
+def expert_biases(b: torch.Tensor | None, topk_ids: torch.Tensor, order: torch.Tensor):
+    """Each sorted row's expert bias ([T * k, N]), or None without biases."""
+    return None if b is None else b.index_select(0, topk_ids.reshape(-1).index_select(0, order))
+
+
+def clamped_swiglu(h: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """gpt-oss's activation of [gate | up]: (clamp(up, +-limit) + 1) * g * sigmoid(alpha g), g = min(gate, limit)."""
+    gate, up = h.chunk(2, dim=-1)
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
 def combine(y_sorted: torch.Tensor, order: torch.Tensor, topk_weights: torch.Tensor, dtype) -> torch.Tensor:
     """[T * k, H] expert outputs in sorted order -> [T, H]: sum over slots of weight * output, each
     product rounded to `dtype` before the sum (as transformers adds them into a `dtype` buffer)."""

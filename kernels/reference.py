@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .moe_routing import combine, sort_by_expert
+from .moe_routing import clamped_swiglu, combine, sort_by_expert
 
 # Sequences per decode group: small enough that a group's gathered K/V stays in the CPU cache
 # (4 x 400 tokens x 3 heads x 64 x 4 B x 2 = 2.5 MB), large enough to amortise the per-call overhead.
@@ -301,19 +301,29 @@ def fused_moe(
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
     activation: str = "silu",
+    *,
+    b_gate_up: torch.Tensor | None = None,
+    b_down: torch.Tensor | None = None,
+    swiglu: tuple[float, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mixture-of-experts MLP: out[t] = sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]), each
     expert down(act(gate) * up) with w_gate_up [E, 2I, H] and w_down [E, H, I]. Tokens sorted by
-    expert, one matmul per non-empty expert over its gathered rows (moe_routing). Returns (out [T, H],
-    tokens per expert [E])."""
+    expert, one matmul per non-empty expert over its gathered rows (moe_routing). b_gate_up [E, 2I] /
+    b_down [E, H]: expert biases; swiglu (alpha, limit): gpt-oss's clamped SwiGLU instead of
+    `activation`. Returns (out [T, H], tokens per expert [E])."""
     num_experts, k = w_gate_up.shape[0], topk_ids.shape[1]
     order, counts, offsets = sort_by_expert(topk_ids, num_experts)
     rows = x.index_select(0, order // k)
     y = torch.empty(rows.shape[0], w_down.shape[1], dtype=x.dtype, device=x.device)
     act = gelu_tanh_and_mul if activation == "gelu_tanh" else silu_and_mul
+    if swiglu is not None:
+        act = lambda h: clamped_swiglu(h, *swiglu)  # noqa: E731
     bounds = offsets.tolist()
     for e in range(num_experts):
         start, end = bounds[e], bounds[e + 1]
         if start < end:
-            y[start:end] = F.linear(act(F.linear(rows[start:end], w_gate_up[e])), w_down[e])
+            bias_up = None if b_gate_up is None else b_gate_up[e]
+            bias_down = None if b_down is None else b_down[e]
+            h = act(F.linear(rows[start:end], w_gate_up[e], bias_up))
+            y[start:end] = F.linear(h, w_down[e], bias_down)
     return combine(y, order, topk_weights, x.dtype), counts

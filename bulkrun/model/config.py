@@ -29,11 +29,12 @@ SUPPORTED_MODEL_TYPES = {
     "qwen3_moe": ("Qwen3MoeForCausalLM",),
     "mixtral": ("MixtralForCausalLM",),
     "phi3": ("Phi3ForCausalLM",),
+    "gpt_oss": ("GptOssForCausalLM",),
 }
 _GEMMA = ("gemma2", "gemma3_text")
 _QKV_BIAS = ("qwen2", "qwen2_moe")
 _ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 class UnsupportedModelError(ValueError):
@@ -71,6 +72,7 @@ class ModelConfig:
     embed_scale: bool = False  # the embedding times sqrt(hidden), in the model dtype (Gemma)
     norm_offset: bool = False  # RMSNorm weights stored as w - 1: (1 + w) * norm(x) (Gemma)
     moe: object | None = None  # moe_config.MoeConfig for the mixture-of-experts families
+    attn_sinks: bool = False  # a learned sink logit per head in every attention softmax (gpt-oss)
 
     def window(self, layer: int) -> int:
         return self.layer_windows[layer] if self.layer_windows else 0
@@ -105,13 +107,22 @@ class ModelConfig:
         family = _gemma_fields(cfg, model_type) if model_type in _GEMMA else {}
         if model_type in _GEMMA:
             rope_theta, rope_scaling = family.pop("global_rope")
-        if model_type in ("qwen2_moe", "qwen3_moe", "mixtral"):
+        if model_type in ("qwen2_moe", "qwen3_moe", "mixtral", "gpt_oss"):
             from bulkrun.model.moe_config import moe_fields
 
             family = moe_fields(cfg, model_type)
+        if model_type == "gpt_oss":
+            if cfg.get("quantization_config"):
+                method = cfg["quantization_config"].get("quant_method", "?")
+                raise UnsupportedModelError(
+                    f"unsupported quantization_config {method!r} (MXFP4 experts are not de-quantized on "
+                    "load; give a de-quantized checkpoint)"
+                )
+            family |= {"layer_windows": _layer_windows(cfg, 2, model_type), "attn_sinks": True}
         if model_type == "phi3" and cfg.get("sliding_window"):  # every layer slides (transformers' Phi-3)
             family = {"layer_windows": (int(cfg["sliding_window"]),) * cfg["num_hidden_layers"]}
-        sliding = None if model_type in _GEMMA or model_type == "phi3" else _sliding_window(cfg, model_type)
+        served = model_type in _GEMMA or model_type in ("phi3", "gpt_oss")  # windows run, not capped
+        sliding = None if served else _sliding_window(cfg, model_type)
         return cls(
             model_type=model_type,
             vocab_size=cfg["vocab_size"],
@@ -147,7 +158,14 @@ class ModelConfig:
             return inv_freq
         if scaling["rope_type"] == "linear":
             return inv_freq / scaling["factor"]
+        if scaling["rope_type"] == "yarn":
+            return _yarn_inv_freq(theta, dim, scaling)
         return _llama3_inv_freq(inv_freq, scaling)
+
+    def rope_attention_scaling(self) -> float:
+        """The factor on cos and sin (YaRN's attention factor; 1 otherwise)."""
+        scaling = self.rope_scaling
+        return _yarn_attention_factor(scaling) if scaling and scaling["rope_type"] == "yarn" else 1.0
 
 
 def _check_architecture(cfg: dict) -> str:
@@ -184,6 +202,11 @@ def _rope(cfg: dict, params: dict | None = None, default_theta: float = 10000.0)
     if rope_type == "default":
         return theta, None
     scaling = {"rope_type": rope_type, "factor": float(params["factor"])}
+    if rope_type == "yarn":
+        for key in ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim"):
+            scaling[key] = params.get(key)
+        scaling["truncate"] = params.get("truncate", True)
+        scaling["original_max_position_embeddings"] = int(params["original_max_position_embeddings"])
     if rope_type == "llama3":
         scaling["low_freq_factor"] = float(params["low_freq_factor"])
         scaling["high_freq_factor"] = float(params["high_freq_factor"])
@@ -203,16 +226,43 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
-def _gemma_fields(cfg: dict, model_type: str) -> dict:
-    """Gemma 2 / 3: the per-layer windows, both RoPE bases, the attention scale and the soft-caps."""
-    if cfg.get("use_bidirectional_attention"):
-        raise UnsupportedModelError(
-            "unsupported use_bidirectional_attention=True (an encoder; bulkrun decodes)"
-        )
+def _yarn_attention_factor(s: dict) -> float:
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if s["attention_factor"] is not None:
+        return float(s["attention_factor"])
+    if s["mscale"] and s["mscale_all_dim"]:
+        return float(mscale(s["factor"], s["mscale"]) / mscale(s["factor"], s["mscale_all_dim"]))
+    return mscale(s["factor"])
+
+
+def _yarn_inv_freq(base: float, dim: int, s: dict) -> torch.Tensor:
+    """YaRN's inverse frequencies, step for step as transformers' _compute_yarn_parameters."""
+    factor, old_context = s["factor"], s["original_max_position_embeddings"]
+    beta_fast, beta_slow = s["beta_fast"] or 32, s["beta_slow"] or 1
+
+    def correction_dim(rotations):
+        return (dim * math.log(old_context / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if s["truncate"]:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).to(dtype=torch.float) / dim)
+    extrapolation = 1 - ramp
+    return (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+
+
+def _layer_windows(cfg: dict, pattern: int, model_type: str) -> tuple[int, ...]:
+    """Per layer: the sliding window of a sliding_attention layer, 0 for a full one (layer_types, or
+    every `pattern`-th layer full where the config predates layer_types)."""
     num_layers = cfg["num_hidden_layers"]
     layer_types = cfg.get("layer_types")
-    if layer_types is None:  # configs older than layer_types: Gemma 2 alternates, Gemma 3 has a pattern
-        pattern = 2 if model_type == "gemma2" else int(cfg.get("sliding_window_pattern", 6))
+    if layer_types is None:
         layer_types = [
             "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)
         ]
@@ -221,7 +271,19 @@ def _gemma_fields(cfg: dict, model_type: str) -> dict:
         raise UnsupportedModelError(f"unsupported layer_types {layer_types} for {num_layers} layers")
     window = int(cfg.get("sliding_window") or 0)
     if window <= 0 and "sliding_attention" in layer_types:
-        raise UnsupportedModelError("sliding_attention layers without a sliding_window")
+        raise UnsupportedModelError(f"sliding_attention layers without a sliding_window ({model_type})")
+    return tuple(window if t == "sliding_attention" else 0 for t in layer_types)
+
+
+def _gemma_fields(cfg: dict, model_type: str) -> dict:
+    """Gemma 2 / 3: the per-layer windows, both RoPE bases, the attention scale and the soft-caps."""
+    if cfg.get("use_bidirectional_attention"):
+        raise UnsupportedModelError(
+            "unsupported use_bidirectional_attention=True (an encoder; bulkrun decodes)"
+        )
+    # configs older than layer_types: Gemma 2 alternates, Gemma 3 has a pattern
+    pattern = 2 if model_type == "gemma2" else int(cfg.get("sliding_window_pattern", 6))
+    layer_windows = _layer_windows(cfg, pattern, model_type)
     per_type = cfg.get("rope_parameters") or {}
     if "full_attention" in per_type:  # transformers 5: one rope entry per layer type
         global_rope = _rope(cfg, dict(per_type["full_attention"]), 1_000_000.0)
@@ -235,7 +297,7 @@ def _gemma_fields(cfg: dict, model_type: str) -> dict:
         raise UnsupportedModelError(f"unsupported rope scaling {local_rope[1]} on the sliding layers")
     return {
         "global_rope": global_rope,
-        "layer_windows": tuple(window if t == "sliding_attention" else 0 for t in layer_types),
+        "layer_windows": layer_windows,
         "local_rope_theta": local_rope[0],
         "query_pre_attn_scalar": float(cfg.get("query_pre_attn_scalar") or cfg["head_dim"]),
         "attn_softcap": float(cfg.get("attn_logit_softcapping") or 0.0),

@@ -48,15 +48,16 @@ class DecoderLM(nn.Module):
         """cos_sin_cache[p] = [cos(p * f) | sin(p * f)], computed in fp32 as transformers does. On the
         CPU it stays fp32 whatever the model's dtype (the rotation runs in fp32 and rounds q and k
         once); elsewhere it takes the model's dtype. Also fixes the embedding scale's rounding."""
-        self.cos_sin_cache = self._rotary_table(self.cfg.inv_freq(), max_positions)
+        scale = self.cfg.rope_attention_scaling()  # YaRN scales cos and sin
+        self.cos_sin_cache = self._rotary_table(self.cfg.inv_freq(), max_positions, scale)
         if self.cfg.local_rope_theta is not None:
             self.local_cos_sin_cache = self._rotary_table(self.cfg.inv_freq(local=True), max_positions)
         if self.cfg.embed_scale:  # transformers multiplies by the scale in the weights' dtype
             self.embed_multiplier = torch.tensor(self.cfg.hidden_size**0.5, dtype=self.norm.dtype).item()
 
-    def _rotary_table(self, inv_freq: torch.Tensor, max_positions: int) -> torch.Tensor:
+    def _rotary_table(self, inv_freq: torch.Tensor, max_positions: int, scale: float = 1.0) -> torch.Tensor:
         freqs = torch.arange(max_positions, dtype=torch.int64).float()[:, None] * inv_freq[None, :]
-        cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+        cache = torch.cat((freqs.cos() * scale, freqs.sin() * scale), dim=-1)
         device = self.norm.device
         return cache.to(device=device, dtype=torch.float32 if device.type == "cpu" else self.norm.dtype)
 

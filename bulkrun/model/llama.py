@@ -17,7 +17,7 @@ def attention_for(cfg: ModelConfig, index: int, **extra) -> Attention:
     return Attention(
         cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, eps=cfg.rms_norm_eps, scale=scale,
         qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias, qk_norm=cfg.qk_norm, window=cfg.window(index),
-        softcap=cfg.attn_softcap, **extra,
+        softcap=cfg.attn_softcap, sinks=cfg.attn_sinks, **extra,
     )  # fmt: skip
 
 

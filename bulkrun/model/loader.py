@@ -20,6 +20,7 @@ from bulkrun.model.moe import MoeForCausalLM
 _FAMILIES: dict[str, type[DecoderLM]] = {
     "gemma2": GemmaForCausalLM, "gemma3_text": GemmaForCausalLM,
     "qwen2_moe": MoeForCausalLM, "qwen3_moe": MoeForCausalLM, "mixtral": MoeForCausalLM,
+    "gpt_oss": MoeForCausalLM,
 }  # fmt: skip
 # An MoE block's parameters <- transformers' per-expert weights ({e}: every expert in turn), by family:
 # (block prefix, gate, up, down) names
@@ -37,6 +38,7 @@ _FUSED = {
     "attn.o.bias": ("self_attn.o_proj.bias",),
     "attn.q_norm": ("self_attn.q_norm.weight",),
     "attn.k_norm": ("self_attn.k_norm.weight",),
+    "attn.sinks": ("self_attn.sinks",),
     "mlp.gate_up.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
     "mlp.gate_up.bias": ("mlp.gate_proj.bias", "mlp.up_proj.bias"),
     "mlp.down.weight": ("mlp.down_proj.weight",),
@@ -125,6 +127,7 @@ def _fill_from_checkpoint(model, model_dir: Path, cfg: ModelConfig, dtype, devic
         value = (
             torch.cat([tensors[s]() for s in sources], dim=0) if len(sources) > 1 else tensors[sources[0]]()
         )
+        value = _convert_as_stored(name, value, cfg)
         if param.dim() == 3 and value.numel() == param.numel():  # experts stacked: [E * rows, cols]
             value = value.view(param.shape)
         if value.shape != param.shape:
@@ -154,10 +157,27 @@ def _sources(name: str, cfg: ModelConfig) -> tuple[str, ...]:
     return tuple(f"model.layers.{index}.{s}" for s in fused)
 
 
-_MOE_PARAMS = ("router", "w_gate_up", "w_down", "shared_expert", "shared_expert_gate")
+_MOE_PARAMS = ("router", "w_gate_up", "w_down", "shared_expert", "shared_expert_gate", "b_gate_up", "b_down")
+# gpt-oss keeps each layer's experts as single tensors: x @ W, gate and up columns interleaved
+_GPT_OSS_EXPERTS = {"router.weight": "mlp.router.weight", "router.bias": "mlp.router.bias",
+                    "w_gate_up": "mlp.experts.gate_up_proj", "b_gate_up": "mlp.experts.gate_up_proj_bias",
+                    "w_down": "mlp.experts.down_proj", "b_down": "mlp.experts.down_proj_bias"}  # fmt: skip
+
+
+def _convert_as_stored(name: str, value: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """gpt-oss's experts to our layout: [E, out, in] weights, gate rows then up rows."""
+    if cfg.model_type != "gpt_oss" or not name.split(".")[-1].startswith(("w_", "b_")):
+        return value
+    if name.endswith(("w_gate_up", "w_down")):
+        value = value.transpose(1, 2)
+    if name.endswith(("w_gate_up", "b_gate_up")):
+        value = torch.cat((value[:, 0::2], value[:, 1::2]), dim=1)
+    return value.contiguous()
 
 
 def _moe_sources(local: str, cfg: ModelConfig) -> tuple[str, ...]:
+    if cfg.model_type == "gpt_oss":
+        return (_GPT_OSS_EXPERTS[local],)
     block, gate, up, down = _MOE_NAMES[cfg.model_type]
     experts = range(cfg.moe.num_experts)
     if local == "router.weight":

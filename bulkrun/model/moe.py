@@ -27,9 +27,13 @@ class MoEBlock(nn.Module):
         self.top_k, self.norm_topk_prob = moe.top_k, moe.norm_topk_prob
         self.weights_in_model_dtype, self.activation = moe.weights_in_model_dtype, activation
         inter = moe.expert_intermediate_size
-        self.router = Linear(hidden, moe.num_experts, bias=False)
+        self.topk_then_softmax = moe.topk_then_softmax
+        self.swiglu = (moe.swiglu_alpha, moe.swiglu_limit) if moe.swiglu_limit > 0 else None
+        self.router = Linear(hidden, moe.num_experts, bias=moe.router_bias)
         self.w_gate_up = param(moe.num_experts, 2 * inter, hidden)  # per expert: gate rows, then up rows
         self.w_down = param(moe.num_experts, hidden, inter)
+        self.b_gate_up = param(moe.num_experts, 2 * inter) if moe.expert_bias else None
+        self.b_down = param(moe.num_experts, hidden) if moe.expert_bias else None
         shared = moe.shared_expert_intermediate_size
         self.shared_expert = GatedMLP(hidden, shared, False, activation) if shared else None
         self.shared_expert_gate = Linear(hidden, 1, bias=False) if shared else None
@@ -37,6 +41,9 @@ class MoEBlock(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(top-k expert ids [T, k], their weights [T, k]) exactly as transformers computes them."""
+        if self.topk_then_softmax:  # gpt-oss: the top k logits, then a softmax over them
+            values, ids = torch.topk(self.router(x), self.top_k, dim=-1)
+            return ids, torch.softmax(values, dim=1, dtype=values.dtype)
         probs = torch.softmax(self.router(x).float(), dim=-1)
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
@@ -45,7 +52,10 @@ class MoEBlock(nn.Module):
 
     def forward(self, ops, x: torch.Tensor) -> torch.Tensor:
         ids, weights = self.route(x)
-        out, self.expert_tokens = ops.fused_moe(x, self.w_gate_up, self.w_down, ids, weights, self.activation)
+        out, self.expert_tokens = ops.fused_moe(
+            x, self.w_gate_up, self.w_down, ids, weights, self.activation,
+            b_gate_up=self.b_gate_up, b_down=self.b_down, swiglu=self.swiglu,
+        )  # fmt: skip
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(ops, x)
         return out

@@ -15,6 +15,13 @@ class MoeConfig:
     weights_in_model_dtype: bool
     shared_expert_intermediate_size: int  # Qwen2-MoE's always-on expert (0: none)
     sparse_layers: tuple[bool, ...]  # per layer: an MoE block (True) or a dense MLP (False)
+    # gpt-oss: top-k of the (biased) router logits, then a softmax over those k; experts with biases
+    # and the clamped SwiGLU (gate and up interleaved in the checkpoint, split on load)
+    topk_then_softmax: bool = False
+    router_bias: bool = False
+    expert_bias: bool = False
+    swiglu_limit: float = 0.0  # > 0: the clamped SwiGLU with this limit and swiglu_alpha
+    swiglu_alpha: float = 1.702
 
     def is_sparse(self, layer: int) -> bool:
         return self.sparse_layers[layer]
@@ -27,6 +34,13 @@ def moe_fields(cfg: dict, model_type: str) -> dict:
     num_layers = cfg["num_hidden_layers"]
     # hub configs of the Qwen MoEs say num_experts, transformers 5 saves num_local_experts
     num_experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 8)
+    if model_type == "gpt_oss":
+        top_k = int(cfg.get("num_experts_per_tok", 4))
+        limit, alpha = float(cfg.get("swiglu_limit", 7.0)), float(cfg.get("swiglu_alpha", 1.702))
+        moe = MoeConfig(num_experts, top_k, cfg["intermediate_size"], False, True, 0, (True,) * num_layers,
+                        topk_then_softmax=True, router_bias=True, expert_bias=True, swiglu_limit=limit,
+                        swiglu_alpha=alpha)  # fmt: skip
+        return {"moe": moe}
     if model_type == "mixtral":
         norm, inter = True, cfg["intermediate_size"]
         sparse = (True,) * num_layers

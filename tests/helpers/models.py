@@ -139,6 +139,13 @@ KINDS = {
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None)),
     # fused qkv / gate_up as stored; a sliding window on every layer
     "phi3": ("Phi3Config", dict(sliding_window=8, pad_token_id=0, tie_word_embeddings=False)),
+    # sinks, alternating sliding (window 8) / full layers, YaRN, attention and expert biases, the
+    # clamped SwiGLU (a small limit so it clamps)
+    "gpt_oss": ("GptOssConfig", dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+                                     swiglu_limit=1.5, tie_word_embeddings=False, layer_types=None,
+                                     rope_parameters={"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0,
+                                                      "beta_slow": 1.0, "truncate": False, "rope_theta": 10000.0,
+                                                      "original_max_position_embeddings": 32})),
 }  # fmt: skip
 
 

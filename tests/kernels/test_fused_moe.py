@@ -82,3 +82,27 @@ def test_grouped_gemm_rows_land_in_their_experts_runs(device):
 def test_a_step_without_tokens(device):
     out, counts = fused_moe(*_case(0, "random", device=device))
     assert out.shape == (0, H) and counts.sum() == 0
+
+
+def test_expert_biases_and_the_clamped_swiglu(device):
+    # gpt-oss's experts: biased projections, (clamp(up) + 1) * g * sigmoid(alpha g) with g = min(gate, limit)
+    x, w_gate_up, w_down, ids, weights = _case(37, "empty_experts", seed=5)
+    g = torch.Generator().manual_seed(6)
+    b_gate_up, b_down = torch.randn(E, 2 * INTER, generator=g), torch.randn(E, H, generator=g)
+    want = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(K):
+            e = int(ids[t, j])
+            gate, up = (F.linear(x[t], w_gate_up[e]) + b_gate_up[e]).chunk(2)
+            gate, up = gate.clamp(max=0.5), up.clamp(-0.5, 0.5)
+            want[t] += weights[t, j] * (
+                F.linear((up + 1) * gate * torch.sigmoid(1.702 * gate), w_down[e]) + b_down[e]
+            )
+    extras = dict(b_gate_up=b_gate_up, b_down=b_down, swiglu=(1.702, 0.5))
+    ref, _ = reference.fused_moe(x, w_gate_up, w_down, ids, weights, **extras)
+    torch.testing.assert_close(ref, want, atol=1e-5, rtol=1e-5)
+    moved = [t.to(device) for t in (x, w_gate_up, w_down, ids, weights)]
+    got, _ = fused_moe(
+        *moved, **{k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in extras.items()}
+    )
+    torch.testing.assert_close(got.cpu(), want, atol=1e-5, rtol=1e-5)

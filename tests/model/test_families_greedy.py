@@ -15,7 +15,7 @@ from bulkrun.engine.load import load_engine
 from bulkrun_kernels import cpu_build
 
 NEW_TOKENS = 64
-FAMILIES = ["gemma2", "gemma3", "qwen3_moe", "qwen2_moe", "mixtral", "phi3"]
+FAMILIES = ["gemma2", "gemma3", "qwen3_moe", "qwen2_moe", "mixtral", "phi3", "gpt_oss"]
 
 
 def _prompts() -> list[list[int]]:

@@ -4,6 +4,7 @@ them; what we refuse, named."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from bulkrun.model.config import ModelConfig, UnsupportedModelError
 
@@ -47,3 +48,34 @@ def test_mixtral_always_renormalizes_in_fp32():
 def test_what_we_do_not_implement_is_refused(change, message):
     with pytest.raises(UnsupportedModelError, match=message):
         ModelConfig.from_hf_dict(BASE | change)
+
+
+GPT_OSS = BASE | dict(model_type="gpt_oss", num_local_experts=8, num_experts_per_tok=4, head_dim=16,
+                      sliding_window=128, attention_bias=True, layer_types=None,
+                      rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                    "truncate": False, "original_max_position_embeddings": 4096},
+                      rope_theta=150000.0)  # fmt: skip
+
+
+def test_gpt_oss_windows_sinks_yarn_and_experts():
+    cfg = ModelConfig.from_hf_dict(GPT_OSS)
+    assert cfg.layer_windows == (128, 0, 128, 0) and cfg.attn_sinks and cfg.max_model_len == 4096
+    assert cfg.qkv_bias and cfg.o_bias and cfg.rope_scaling["rope_type"] == "yarn"
+    assert cfg.rope_attention_scaling() == pytest.approx(0.1 * __import__("math").log(32.0) + 1.0)
+    moe = cfg.moe
+    assert moe.topk_then_softmax and moe.router_bias and moe.expert_bias and moe.swiglu_limit == 7.0
+
+
+def test_gpt_oss_yarn_frequencies_equal_transformers():
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    hf = transformers.GptOssConfig(num_hidden_layers=4, head_dim=64, num_attention_heads=8, hidden_size=512)
+    cfg = ModelConfig.from_hf_dict(hf.to_dict())
+    want, factor = ROPE_INIT_FUNCTIONS["yarn"](hf, None)
+    assert torch.equal(cfg.inv_freq(), want) and cfg.rope_attention_scaling() == factor
+
+
+def test_mxfp4_gpt_oss_is_refused():
+    with pytest.raises(UnsupportedModelError, match="MXFP4"):
+        ModelConfig.from_hf_dict(GPT_OSS | {"quantization_config": {"quant_method": "mxfp4"}})
