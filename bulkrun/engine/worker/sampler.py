@@ -147,8 +147,8 @@ def _top_p(scaled, values, ids, params, stage):
     # Probabilities relative to the distribution top-p sees: the whole vocabulary without top-k.
     norm = torch.where(no_top_k, scaled.logsumexp(-1, keepdim=True), values.logsumexp(-1, keepdim=True))
     probs = (values - norm).exp()
-    narrow = None
-    if values.shape[1] < scaled.shape[1]:
+    narrow = None  # a top-k row's candidates are all it may draw from: it never widens
+    if values.shape[1] < scaled.shape[1] and any(p.top_k == 0 for p in params):
         narrow = (no_top_k & (probs.sum(-1, keepdim=True) < top_p)).squeeze(1)
     outside = (probs.cumsum(dim=-1) - probs) >= top_p  # mass strictly above a token already >= top_p
     return values.masked_fill(outside, float("-inf")), ids, narrow
