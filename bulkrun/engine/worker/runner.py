@@ -22,7 +22,7 @@ from bulkrun.engine.core.runner_output import RunnerOutput
 from bulkrun.engine.core.scheduler import SchedulerOutput
 from bulkrun.engine.structured_output.step_masks import GrammarMasks, StepMasks
 from bulkrun.engine.worker import loaded_model
-from bulkrun.engine.worker.decode_graphs import DecodeGraphs, graph_batch_sizes
+from bulkrun.engine.worker.decode_graphs import DecodeGraphs, capture_wanted, graph_batch_sizes
 from bulkrun.engine.worker.kv_cache import KVCache, default_cpu_kv_bytes, default_cuda_kv_bytes
 from bulkrun.engine.worker.sampler import Sampler
 from bulkrun.engine.worker.score_logprobs import score_logprobs
@@ -76,7 +76,7 @@ class ModelRunner:
         self._prev_tokens: torch.Tensor | None = None  # the last step's sampled tokens, on the device
         self._prev_rows: Mapping[str, int] = {}  # request id -> row of _prev_tokens
         self.graphs: DecodeGraphs | None = None
-        if self.device.type == "cuda" and config.cuda_graphs:
+        if capture_wanted(self.device.type, config.cuda_graphs, self.ops.backend):
             self.graphs = DecodeGraphs.capture(self, graph_batch_sizes(self.limits.max_num_seqs))
 
     def _kv_budget(self) -> int:
