@@ -21,9 +21,9 @@ from bulkrun.engine.core.limits import EngineLimits, choose_limits
 from bulkrun.engine.core.runner_output import RunnerOutput
 from bulkrun.engine.core.scheduler import SchedulerOutput
 from bulkrun.engine.structured_output.step_masks import GrammarMasks, StepMasks
-from bulkrun.engine.worker import loaded_model
+from bulkrun.engine.worker import loaded_model, memory_profile
 from bulkrun.engine.worker.decode_graphs import DecodeGraphs, capture_wanted, graph_batch_sizes
-from bulkrun.engine.worker.kv_cache import KVCache, default_cpu_kv_bytes, default_cuda_kv_bytes
+from bulkrun.engine.worker.kv_cache import KVCache, default_cpu_kv_bytes
 from bulkrun.engine.worker.sampler import Sampler
 from bulkrun.engine.worker.score_logprobs import score_logprobs
 from bulkrun.engine.worker.staging import Staging
@@ -56,6 +56,8 @@ class ModelRunner:
         self.block_size = config.block_size
         self.builder = StepBuilder(self.block_size)
         self.staging = Staging(self.device)  # every host <-> device crossing of a step
+        # top-p candidates widened on the host only where host and device are one (the CPU)
+        self.sampler = Sampler(staging=self.staging, widen_on_host=self.device.type == "cpu")
         memory = (
             torch.cuda.get_device_properties(self.device).total_memory if self.device.type == "cuda" else 0
         )
@@ -70,8 +72,6 @@ class ModelRunner:
             )
         self.limits.num_kv_blocks, self.limits.kv_cache_bytes = self.num_blocks, budget
         self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
-        # top-p candidates widened on the host only where host and device are one (the CPU)
-        self.sampler = Sampler(staging=self.staging, widen_on_host=self.device.type == "cpu")
         self.runs_asynchronously = self.device.type == "cuda"  # the engine's async default
         self._prev_tokens: torch.Tensor | None = None  # the last step's sampled tokens, on the device
         self._prev_rows: Mapping[str, int] = {}  # request id -> row of _prev_tokens
@@ -85,7 +85,8 @@ class ModelRunner:
         if self.device.type != "cuda":
             return default_cpu_kv_bytes()
         self.limits.profile_peak_bytes = self._profile_activation_bytes()
-        return default_cuda_kv_bytes(self.device, self.limits.profile_peak_bytes)
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return memory_profile.kv_cache_bytes(free, self.limits.profile_peak_bytes)
 
     @property
     def padding_block(self) -> int:
@@ -215,35 +216,61 @@ class ModelRunner:
             md.plan = plan_attention(*host, self.block_size, self.dtype)
         return inputs
 
-    @torch.inference_mode()
-    def _profile_activation_bytes(self) -> int:
-        """Peak extra device memory of a step at the full token budget: one prompt chunk whose
-        every row is scored (a long continuation), so its logits and log_softmax are all there."""
+    def _largest_step(self) -> tuple[StepInputs, KVCache, list[int]]:
+        """The largest step's inputs (on the device), a scratch KV cache for it, and its lengths."""
         from bulkrun.engine.core.params import SamplingParams
         from bulkrun.engine.core.request import Request
-        from bulkrun.engine.core.scheduler import ScheduledRequest
-        from bulkrun.engine.worker.step_inputs import build_step_inputs
+        from bulkrun.engine.core.scheduler import ScheduledRequest, SchedulerOutput
 
-        cfg = self.model.cfg
-        tokens = max(1, min(self.limits.max_num_batched_tokens, self.max_model_len))
-        num_blocks = -(-tokens // self.block_size)
-        scratch = KVCache(cfg, num_blocks, self.block_size, self.dtype, self.device)
-        request = Request(
-            "profile", SamplingParams(), [0] * tokens, tokens, arrival=0, block_table=list(range(num_blocks))
-        )
-        inputs = self._to_device(
-            build_step_inputs([ScheduledRequest(request, tokens, False)], self.block_size)
-        )
-        inputs.logits_indices = torch.arange(tokens, device=self.device)
+        bs = self.block_size
+        lengths = memory_profile.profile_step_lengths(self.limits.max_num_batched_tokens, self.max_model_len)
+        blocks = [-(-n // bs) for n in lengths]
+        scratch = KVCache(self.model.cfg, sum(blocks), bs, self.dtype, self.device)
+        scheduled, first = [], 0
+        for i, (n, b) in enumerate(zip(lengths, blocks, strict=True)):
+            table = list(range(first, first + b))
+            r = Request(f"profile{i}", SamplingParams(), [3] * n, n, arrival=0, block_table=table)
+            r.score_start = 1  # every row but the last scores the next token
+            scheduled.append(ScheduledRequest(r, n, False))
+            first += b
+        inputs = self._to_device(self.builder.build(SchedulerOutput(scheduled), pending={}))
+        return inputs, scratch, lengths
+
+    @torch.inference_mode()
+    def _profile_activation_bytes(self) -> int:
+        """Peak extra device memory of the largest step (memory_profile): the full token budget in
+        as many sequences as the context makes it take, built through a RunningBatch as every step
+        is, every row scored, then the sampler on the most rows that sample in a step (a top-p row
+        sorts its whole vocabulary on a GPU). Never below the estimate from the shapes."""
+        from bulkrun.engine.core.params import SamplingParams
+
+        cfg, budget = self.model.cfg, self.limits.max_num_batched_tokens
+        inputs, scratch, lengths = self._largest_step()
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
-        logits = self.model(inputs.input_ids, inputs.metadata, scratch.layers, inputs.logits_indices)
-        logits.float().log_softmax(dim=-1)
+        h = self.model.final_hidden(inputs.input_ids, inputs.metadata, scratch.layers, inputs.logits_indices)
+        logits = self.model.logits(h)
+        scores = score_logprobs(inputs.scores, logits, 0, self.staging.to_device)
+        rows = max(1, min(self.limits.max_num_seqs, logits.shape[0]))
+        nucleus = SamplingParams(temperature=1.0, top_p=0.9, seed=0)
+        drawn = self.sampler(logits[:rows].float(), [nucleus] * rows, [0] * rows)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - before
-        del scratch, logits, inputs
+        del scratch, logits, inputs, h, scores, drawn
         torch.cuda.empty_cache()
+        shape = memory_profile.ModelShape(
+            cfg.hidden_size,
+            cfg.num_layers,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.intermediate_size,
+            cfg.vocab_size,
+        )
+        estimate = memory_profile.largest_step_bytes(shape, budget, rows, self.dtype.itemsize)["total"]
+        peak = max(peak, estimate)
+        self.limits.profile_step = memory_profile.describe(lengths, rows, peak)
+        log.info("memory profile: %s", self.limits.profile_step)
         return peak
 
 
