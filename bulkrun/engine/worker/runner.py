@@ -221,6 +221,7 @@ class ModelRunner:
         from bulkrun.engine.core.params import SamplingParams
         from bulkrun.engine.core.request import Request
         from bulkrun.engine.core.scheduler import ScheduledRequest, SchedulerOutput
+        from bulkrun.engine.core.scoring import ScoringState
 
         bs = self.block_size
         lengths = memory_profile.profile_step_lengths(self.limits.max_num_batched_tokens, self.max_model_len)
@@ -229,8 +230,8 @@ class ModelRunner:
         scheduled, first = [], 0
         for i, (n, b) in enumerate(zip(lengths, blocks, strict=True)):
             table = list(range(first, first + b))
-            r = Request(f"profile{i}", SamplingParams(), [3] * n, n, arrival=0, block_table=table)
-            r.score_start = 1  # every row but the last scores the next token
+            r = Request(f"profile{i}", SamplingParams(), [3] * n, n, block_table=table)
+            r.scoring = ScoringState(score_start=1)  # every row but the last scores the next token
             scheduled.append(ScheduledRequest(r, n, False))
             first += b
         inputs = self._to_device(self.builder.build(SchedulerOutput(scheduled), pending={}))

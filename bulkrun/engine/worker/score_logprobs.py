@@ -38,8 +38,8 @@ def score_logprobs(rows: ScoreRows, logits: torch.Tensor, first_logit_row: int, 
     if requests:
         # one log_softmax row per parent (its last prompt row), K gathers from it
         firsts = logits[at : at + len(requests)].float().log_softmax(dim=-1)
-        row_index = [i for i, r in enumerate(requests) for _ in r.first_token_ids]
-        tokens = [t for r in requests for t in r.first_token_ids]
+        row_index = [i for i, r in enumerate(requests) for _ in r.scoring.first_token_ids]
+        tokens = [t for r in requests for t in r.scoring.first_token_ids]
         values = firsts[stage(row_index, torch.int64), stage(tokens, torch.int64)]
         out.append((values, _fill_first_tokens(requests)))
     return out
@@ -73,7 +73,7 @@ def _fill_first_tokens(requests):
         values = values.tolist()
         start = 0
         for r in requests:
-            end = start + len(r.first_token_ids)
+            end = start + len(r.scoring.first_token_ids)
             result.first_token_logprobs[r.request_id] = values[start:end]
             start = end
 

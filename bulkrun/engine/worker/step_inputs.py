@@ -95,7 +95,7 @@ class StepBuilder:
                 ids.extend(tokens[start : start + n - 1])
                 late.append((len(ids), pending[r.request_id]))
                 ids.append(0)
-            if r.score_start is not None or r.first_token_ids is not None:
+            if r.scoring is not None:
                 scoring.append(i)
         width = max(1, int(batch.num_blocks[rows].max())) if rows else 1
         inputs = self._tensors(sched, rows, ids, scoring, batch.tables, width)
