@@ -81,6 +81,16 @@ def generate(
 ) -> tuple[list[list[int]], float]:
     """Greedy outputs in prompt order (EOS ignored) and the seconds the timed run took (after a warm-up)."""
     engine = load_engine(str(model_dir), config)
+    captured = getattr(engine.runner, "graphs", None) is not None
+    if (
+        config.device == "cuda"
+        and config.cuda_graphs
+        and config.kernels in ("auto", "triton")
+        and not captured
+    ):
+        raise RuntimeError(
+            "CUDA graphs were asked for with the Triton kernels but none were captured (see the log)"
+        )
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     engine.generate(
         [EngineRequest(f"warm{i}", p, SamplingParams(max_tokens=4)) for i, p in enumerate(prompts[:8])]

@@ -1,9 +1,10 @@
 """The model runner: owns the model, the KV cache and the sampler; executes one scheduled step.
 
-launch() builds the step from persistent host state (StepState), runs the model and the sampler,
-and returns a handle; the sampled tokens stay on the device until the handle's result() is asked
-for, so on CUDA the host can schedule and launch the next step meanwhile (async scheduling): the
-next step takes the inputs it needs from the previous step's token tensor on the device.
+launch() builds the step from the scheduler's RunningBatch (StepBuilder), sends it through Staging,
+runs the model and the sampler, and returns a handle; sampled tokens, log-probabilities and scores
+stay on the device until the handle's result() is asked for, so on CUDA the host can schedule and
+launch the next step meanwhile (async scheduling): the next step takes the inputs it needs from the
+previous step's token tensor on the device. Nothing in launch() waits for the device.
 """
 
 from __future__ import annotations
