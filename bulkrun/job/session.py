@@ -139,7 +139,7 @@ def open_job(spec: JobSpec, *, lock: bool = True, writer: str = SINGLE) -> Itera
     input_path = Path(spec.input)
     fmt = detect_format(input_path)
     check_named_fields(spec, task, input_path, fmt)
-    model_path, model_info = resolve_model(spec)
+    model_path, model_info = resolve_model(spec, task)
     out = out_dir(spec)
     job_lock = JobLock(out / lock_name(writer))
     if lock:
@@ -222,16 +222,22 @@ def out_dir(spec: JobSpec) -> Path:
     return out
 
 
-def resolve_model(spec: JobSpec) -> tuple[Path, dict]:
-    """The model's local directory (the one place a model reference is resolved) and its identity."""
+def resolve_model(spec: JobSpec, task: Task | None = None) -> tuple[Path, dict]:
+    """The model's local directory (the one place a model reference is resolved) and its identity;
+    without --model, the task's default model (embed: the shipped embedder), else the default one."""
     from bulkrun.model_source import ModelNotFound, model_fingerprint
     from bulkrun.model_source import resolve_model as resolve
 
+    task = task or build_task(spec)
     try:
-        path = resolve(spec.model)
+        path = resolve(spec.model or task.default_model)
     except ModelNotFound as exc:
         raise ModelError(str(exc)) from None
-    return path, {"ref": spec.model or "default", "path": str(path), "fingerprint": model_fingerprint(path)}
+    return path, {
+        "ref": spec.model or task.default_model or "default",
+        "path": str(path),
+        "fingerprint": model_fingerprint(path),
+    }
 
 
 def load_engine(spec: JobSpec, model_path: Path | None = None):
@@ -291,6 +297,7 @@ def task_context(spec: JobSpec, engine, compile_constraints: bool = True) -> Tas
         constraint=constraint,
         schema_field=spec.schema_field,
         compile=compile_job_constraint(spec, constraint, engine) if compile_constraints else None,
+        embedding_profile=getattr(engine, "embedding_profile", None),
     )
 
 

@@ -69,6 +69,8 @@ class Engine:
         comes back from a later step() with finish_reason "error"."""
         if self.vocab_size is not None:
             _check_vocab(req, self.vocab_size)
+        if req.pooling is not None and not getattr(self.runner, "pools", False):
+            raise ValueError("this model's runner cannot pool hidden states into embeddings")
         spec = req.params.constraint
         matcher = self.constrained.matcher(spec) if spec is not None and req.continuations is None else None
         request = self.scheduler.add_request(req)
