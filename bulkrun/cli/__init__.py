@@ -18,7 +18,7 @@ from bulkrun.cli.app import app
 from bulkrun.cli.daemon_client import run_in_daemon
 from bulkrun.exceptions import EXIT_FATAL, EXIT_INTERRUPTED, BulkrunError
 
-_COMMAND_MODULES = ("jobs", "classify", "eval", "outdir", "plan", "provider_batch", "daemon")
+_COMMAND_MODULES = ("jobs", "classify", "embed", "eval", "outdir", "plan", "provider_batch", "daemon")
 
 
 def _register_commands() -> None:

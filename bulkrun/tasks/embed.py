@@ -126,6 +126,7 @@ class EmbedTask(Task):
 
     def result(self, item: Item, outputs: list[RequestOutput]) -> dict:
         output = outputs[0]
+        truncated = item.index in self._cut
         self._cut.discard(item.index)
         vector = np.asarray(output.embedding, dtype=np.float32)
         wanted = self._row_params(item).dimensions
@@ -134,7 +135,7 @@ class EmbedTask(Task):
         columns = {
             "embedding": vector.astype(self.dtype),
             "prompt_tokens": len(output.prompt_token_ids),
-            "truncated": item.index in self._cut,
+            "truncated": truncated,
         }
         if is_openai_line(item.fields):
             columns["endpoint"] = EMBEDDINGS_URL
