@@ -56,10 +56,16 @@ def write_st_files(folder: Path, pooling: str, normalize: bool, max_seq_length: 
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]  # fmt: skip
     if normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+        modules.append(
+            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
+        )
     (folder / "modules.json").write_text(json.dumps(modules))
     (folder / "1_Pooling").mkdir(exist_ok=True)
-    modes = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token", "last": "pooling_mode_lasttoken"}
+    modes = {
+        "mean": "pooling_mode_mean_tokens",
+        "cls": "pooling_mode_cls_token",
+        "last": "pooling_mode_lasttoken",
+    }
     config = {"word_embedding_dimension": 64} | {key: key == modes[pooling] for key in modes.values()}
     (folder / "1_Pooling" / "config.json").write_text(json.dumps(config))
     if max_seq_length is not None:
@@ -105,7 +111,9 @@ def build_qwen3_embedder(folder: Path, *, seed=0, max_seq_length=48, prompts=Non
     from tokenizers.processors import TemplateProcessing
 
     backend = tokenizer.backend_tokenizer
-    backend.post_processor = TemplateProcessing(single="$A <|endoftext|>", special_tokens=[("<|endoftext|>", 0)])
+    backend.post_processor = TemplateProcessing(
+        single="$A <|endoftext|>", special_tokens=[("<|endoftext|>", 0)]
+    )
     tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>",
                                                      pad_token="<|endoftext|>", eos_token="<|endoftext|>")  # fmt: skip
     config = transformers.Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -152,7 +160,9 @@ def _transformers_vectors(model_dir, texts, pooling, normalize, max_length) -> n
     out = []
     with torch.no_grad():
         for text in texts:  # one at a time: no padding to account for
-            ids = tokenizer(text, truncation=max_length is not None, max_length=max_length, return_tensors="pt")
+            ids = tokenizer(
+                text, truncation=max_length is not None, max_length=max_length, return_tensors="pt"
+            )
             h = model(**ids).last_hidden_state[0]
             v = {"mean": h.mean(0), "cls": h[0], "last": h[-1]}[pooling]
             out.append(torch.nn.functional.normalize(v, dim=0) if normalize else v)
