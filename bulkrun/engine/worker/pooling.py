@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from bulkrun.engine.core.params import PoolingParams
+from bulkrun.engine.core.runner_output import RunnerOutput
+from bulkrun.engine.core.scoring import ScoreRows
 
 
 def pool_packed(hidden: torch.Tensor, lengths: list[int], methods: list[str]) -> torch.Tensor:
@@ -35,6 +37,15 @@ def pool_packed(hidden: torch.Tensor, lengths: list[int], methods: list[str]) ->
         else:
             raise ValueError(f"unknown pooling method {method!r}")
     return pooled
+
+
+def pool_last_rows(rows: ScoreRows, hidden: torch.Tensor, result: RunnerOutput) -> None:
+    """The decoder runner's fixed point: the step's final hidden rows end with one row per POOL
+    request whose last prompt token was computed (ScoreRows order); their vectors go to result.pooled.
+    Only last-token pooling exists here: a decoder's earlier rows are gone once their chunk ran."""
+    requests = rows.pool_requests
+    vectors = finish(hidden[hidden.shape[0] - len(requests) :].float(), [r.pooling for r in requests])
+    result.pooled.update(zip((r.request_id for r in requests), vectors, strict=True))
 
 
 def finish(pooled: torch.Tensor, params: list[PoolingParams]) -> list[np.ndarray]:
