@@ -43,7 +43,8 @@ class EmbedTask(Task):
         "query_prompt": None,
         "prompt_name": None,
     }
-    default_overrides: ClassVar[dict[str, Any]] = {"chat_template": False}  # texts are embedded as they are
+    # texts are embedded as they are; nothing is generated
+    default_overrides: ClassVar[dict[str, Any]] = {"chat_template": False, "max_tokens": 0}
     truncates_prompts: ClassVar[bool] = True
     default_model: ClassVar[str | None] = "all-minilm-l6-v2"
 
