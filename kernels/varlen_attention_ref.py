@@ -24,15 +24,11 @@ def varlen_attention_reference(
     scale: float,
     max_seqlen: int | None = None,
 ) -> torch.Tensor:
-    out = torch.empty_like(q)
-    bounds = cu_seqlens.tolist()
-    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
-        if end == start:
-            continue
-        qs, ks, vs = (t[start:end].float().transpose(0, 1) for t in (q, k, v))  # [H, L, D]
-        probs = torch.softmax(qs @ ks.transpose(1, 2) * scale, dim=-1)
-        out[start:end] = (probs @ vs).transpose(0, 1).to(q.dtype)
-    return out
+    def attend(qs, ks, vs):  # [H, L, D] each
+        probs = torch.softmax(qs.float() @ ks.float().transpose(1, 2) * scale, dim=-1)
+        return probs @ vs.float()
+
+    return _per_sequence(q, k, v, cu_seqlens, attend)
 
 
 def varlen_attention_sdpa(
@@ -43,11 +39,17 @@ def varlen_attention_sdpa(
     scale: float,
     max_seqlen: int | None = None,
 ) -> torch.Tensor:
+    return _per_sequence(
+        q, k, v, cu_seqlens, lambda qs, ks, vs: F.scaled_dot_product_attention(qs, ks, vs, scale=scale)
+    )
+
+
+def _per_sequence(q, k, v, cu_seqlens, attend) -> torch.Tensor:
+    """out[s] = attend(q[s], k[s], v[s]) for each sequence s, as [H, L, D] views."""
     out = torch.empty_like(q)
     bounds = cu_seqlens.tolist()
     for start, end in zip(bounds[:-1], bounds[1:], strict=True):
-        if end == start:
-            continue
-        qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))  # [H, L, D] views
-        out[start:end] = F.scaled_dot_product_attention(qs, ks, vs, scale=scale).transpose(0, 1)
+        if end > start:
+            heads_first = (t[start:end].transpose(0, 1) for t in (q, k, v))
+            out[start:end] = attend(*heads_first).transpose(0, 1).to(q.dtype)
     return out
