@@ -57,6 +57,7 @@ class EmbedTask(Task):
         for name, value in (("dimensions", dimensions), ("max_length", max_length)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        normalize = _normalize_flag(normalize)
         if query_prompt is not None and prompt_name is not None:
             raise ValueError("--query-prompt and --prompt-name are two ways to say the same thing; give one")
         self.pooling, self.normalize, self.dimensions = pooling, normalize, dimensions
@@ -148,6 +149,16 @@ class EmbedTask(Task):
         if dimensions is None:
             return self.params
         return PoolingParams(self.params.method, self.params.normalize, dimensions)
+
+
+def _normalize_flag(value) -> bool | None:
+    """--normalize l2 | none (the CLI, shared with classify's --normalize) or a spec's true / false."""
+    if value is None or isinstance(value, bool):
+        return value
+    choices = {"l2": True, "none": False, "true": True, "false": False}
+    if str(value).lower() not in choices:
+        raise ValueError(f"--normalize must be l2 or none for embeddings, got {value!r}")
+    return choices[str(value).lower()]
 
 
 def _truncate(ids: list[int], limit: int, tail: int) -> list[int]:

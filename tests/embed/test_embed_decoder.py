@@ -11,7 +11,7 @@ from helpers.rows import read_jsonl, write_jsonl
 import bulkrun
 
 INSTRUCT = "w1 w2 w3 "  # the instruction prefix, as Qwen3-Embedding's "Instruct: ...\nQuery:" prompt
-ENGINE = {"dtype": "float32", "quiet": True, "kv_cache_mem": "8MiB", "max_seqs": 4, "max_batch_tokens": 32,
+ENGINE = {"dtype": "float32", "quiet": True, "kv_cache_bytes": "8MiB", "max_num_seqs": 4, "max_num_batched_tokens": 32,
           "window": 5}  # fmt: skip
 
 

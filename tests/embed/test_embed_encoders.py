@@ -13,7 +13,7 @@ import bulkrun
 from bulkrun.exceptions import UsageError
 
 LENGTHS = [1, 5, 30, 12, 2, 22, 40, 7, 22, 3]  # 30 and 40 words pass max_seq_length 24: truncated
-FLAGS = {"dtype": "float32", "quiet": True, "window": 4, "max_batch_tokens": 48}
+FLAGS = {"dtype": "float32", "quiet": True, "window": 4, "max_num_batched_tokens": 48}
 
 
 def _run(model, tmp_path, texts, **options):

@@ -22,7 +22,7 @@ N_ROWS = 40
 
 def _args(path, out, model):
     return ["embed", str(path), "--out", str(out), "--model", str(model), "--id-field", "id", "--dtype", "float32",
-            "--checkpoint-every", "4", "--window", "4", "--max-seqs", "2", "--quiet"]  # fmt: skip
+            "--checkpoint-every", "4", "--window", "4", "--max-num-seqs", "2", "--quiet"]  # fmt: skip
 
 
 def _committed_rows(out):
