@@ -7,6 +7,8 @@ carries the directory's sentence-transformers profile (pooling, normalize, max l
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from bulkrun.engine.core.config import EngineConfig
 from bulkrun.engine.core.encoder_engine import EncoderEngine
 from bulkrun.engine.core.engine import Engine
@@ -27,5 +29,6 @@ def load_engine(model_dir: str, config: EngineConfig | None = None) -> Engine | 
         from bulkrun.engine.worker.runner import ModelRunner
 
         engine = Engine(ModelRunner(str(model_dir), config), config)
+        profile = replace(profile, pooling_methods=("last",))  # earlier rows are gone once computed
     engine.embedding_profile = profile
     return engine

@@ -39,6 +39,8 @@ class EmbeddingProfile:
     max_length: int | None = None  # tokens, special tokens included
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
+    # what the engine this model runs on can pool (a decoder keeps only its last row): set by the loader
+    pooling_methods: tuple[str, ...] = POOLING_METHODS
 
 
 def read_embedding_profile(model_dir: str | Path) -> EmbeddingProfile:

@@ -75,6 +75,11 @@ class EmbedTask(Task):
                 "the model directory does not say how to pool its hidden states (no sentence-transformers "
                 "modules.json): pass --pooling mean, cls or last"
             )
+        methods = getattr(profile, "pooling_methods", POOLING_METHODS)
+        if method not in methods:
+            raise UsageError(
+                f"--pooling {method}: this model pools {' or '.join(methods)} (a decoder: its last token)"
+            )
         normalize = (
             self.normalize if self.normalize is not None else bool(getattr(profile, "normalize", False))
         )

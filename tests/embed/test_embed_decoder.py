@@ -9,6 +9,7 @@ from embed_models import build_qwen3_embedder, cosines, reference_vectors, word_
 from helpers.rows import read_jsonl, write_jsonl
 
 import bulkrun
+from bulkrun.exceptions import UsageError
 
 INSTRUCT = "w1 w2 w3 "  # the instruction prefix, as Qwen3-Embedding's "Instruct: ...\nQuery:" prompt
 ENGINE = {"dtype": "float32", "quiet": True, "kv_cache_bytes": "8MiB", "max_num_seqs": 4, "max_num_batched_tokens": 32,
@@ -55,7 +56,7 @@ def test_query_prompt_is_a_literal_prefix(qwen3_embedder, tmp_path):
     assert cosines(got, want).min() >= 0.9999
 
 
-def test_mean_pooling_on_a_decoder_is_an_error_record_per_row(qwen3_embedder, tmp_path):
-    report, out = _run(qwen3_embedder, tmp_path, word_texts([4, 6], seed=9), pooling="mean")
-    assert report["errors_total"] == 2
-    assert "last token" in read_jsonl(out / "errors.jsonl")[0]["message"]
+def test_mean_pooling_on_a_decoder_stops_before_any_work(qwen3_embedder, tmp_path):
+    with pytest.raises(UsageError, match="last token"):
+        _run(qwen3_embedder, tmp_path, word_texts([4, 6], seed=9), pooling="mean")
+    assert not list((tmp_path / "out").glob("shards/*.parquet"))
