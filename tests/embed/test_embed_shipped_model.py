@@ -114,3 +114,25 @@ def test_openai_embeddings_batch_lines(tmp_path, minilm):
     errors = {line["custom_id"]: line["error"]["code"] for line in read_jsonl(out / "errors.jsonl")}
     assert errors == {"d": "empty_text", "e": "unsupported_endpoint"}
     json.dumps(outputs)  # plain JSON all the way down
+
+
+def test_the_bert_tokenizer_loads_without_transformers_and_agrees(minilm):
+    from transformers import AutoTokenizer
+
+    from bulkrun.engine.tokenizer import FastTokenizer, load_tokenizer
+
+    ours, theirs = load_tokenizer(minilm), AutoTokenizer.from_pretrained(str(minilm))
+    assert isinstance(ours, FastTokenizer)
+    texts = [
+        *TICKETS,
+        "Café naïve ÀÉÎ",
+        "中文字符 日本語",
+        "UPPER MiXeD $%^&*()",
+        " tabs\t\tnew\nline ",
+        "a" * 600,
+    ]
+    for special in (True, False):
+        assert (
+            ours(texts, add_special_tokens=special)["input_ids"]
+            == theirs(texts, add_special_tokens=special)["input_ids"]
+        )
