@@ -6,7 +6,11 @@ import pytest
 import torch
 
 from bulkrun_kernels.varlen_attention import varlen_attention
-from bulkrun_kernels.varlen_attention_ref import varlen_attention_reference, varlen_attention_sdpa
+from bulkrun_kernels.varlen_attention_ref import (
+    _similar_runs,
+    varlen_attention_reference,
+    varlen_attention_sdpa,
+)
 
 
 def packed(lengths, heads, head_dim, dtype, device, seed=0, strided=False):
@@ -35,7 +39,11 @@ def test_triton_matches_reference(lengths, head_dim, dtype, tol, device):
     torch.testing.assert_close(got.cpu().float(), want.float(), atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("lengths", LENGTHS)
+# the CPU path pads runs of similar lengths: runs longer than its cap, runs broken by an outlier
+CPU_LENGTHS = [*LENGTHS, [9, 9, 8, 8, 8] * 15, [30, 29, 28, 3, 27, 26, 1, 1]]
+
+
+@pytest.mark.parametrize("lengths", CPU_LENGTHS)
 def test_cpu_path_matches_reference(lengths):
     q, k, v, cu = packed(lengths, 2, 16, torch.float32, "cpu", seed=3, strided=True)
     got = varlen_attention_sdpa(q, k, v, cu, 0.25)
@@ -56,3 +64,10 @@ def test_bad_arguments_are_refused(device):
         varlen_attention(q, k, v, cu.long(), 1.0)
     with pytest.raises(ValueError, match="share shape"):
         varlen_attention(q, k[:, :1], v, cu, 1.0)
+
+
+def test_similar_runs_split_at_outliers_and_the_cap():
+    bounds = [0, *torch.tensor([30, 29, 28, 3, 27, 26]).cumsum(0).tolist()]
+    assert _similar_runs(bounds) == [(0, 3), (3, 4), (4, 6)]
+    many = [0, *torch.full((70,), 5).cumsum(0).tolist()]
+    assert _similar_runs(many) == [(0, 64), (64, 70)]
