@@ -17,7 +17,7 @@ from sync_recorder import SyncRecorder
 
 from bulkrun.engine.core.config import EngineConfig
 from bulkrun.engine.core.engine import Engine
-from bulkrun.engine.core.params import EngineRequest, SamplingParams
+from bulkrun.engine.core.params import EngineRequest, PoolingParams, SamplingParams
 from bulkrun.engine.structured_output.step_masks import StepMasks
 from bulkrun.engine.worker.runner import ModelRunner
 from bulkrun.engine.worker.sampler import Sampler
@@ -137,6 +137,21 @@ def test_scoring_steps_launch_without_a_host_sync(engine):
     ]
     outputs = {o.request_id: o for o in engine.generate(requests)}
     assert [len(c) for c in outputs["s1"].continuation_logprobs] == [2, 4]
+    assert _steps_checked(engine) == [[]] * len(engine.steps)
+
+
+def test_pooling_steps_launch_without_a_host_sync(engine):
+    """Decoder embedders (last-token pooling), with mixed settings beside decode rows: the vectors
+    stay on the device until the step's result()."""
+    pools = [PoolingParams("last", normalize=True), PoolingParams("last", dimensions=8)]
+    requests = [
+        *(EngineRequest(f"p{i}", _prompt(i, 6 + 5 * i), pooling=p) for i, p in enumerate(pools)),
+        EngineRequest("p2", _prompt(2, 9), pooling=pools[0]),
+        *_requests(KINDS["greedy"][:2]),
+    ]
+    outputs = {o.request_id: o for o in engine.generate(requests)}
+    assert outputs["p0"].embedding.shape == (64,) and outputs["p1"].embedding.shape == (8,)
+    assert abs(float((outputs["p0"].embedding ** 2).sum()) - 1) < 1e-5
     assert _steps_checked(engine) == [[]] * len(engine.steps)
 
 

@@ -113,11 +113,11 @@ class ModelRunner:
         # the constrained rows' masks (none when the engine says no request is constrained)
         masks = self.grammar_masks.start(requests) if out.constrained is not False else None
         h = self._final_hidden(inputs)
+        handle = StepHandle(result, requests, self.staging)
         if inputs.scores.pool_requests:
-            pool_last_rows(inputs.scores, h, result)
+            pool_last_rows(inputs.scores, h, handle)
         # the running batch knows when every request takes the plain argmax: no per-row look
         plain = out.batch is not None and out.batch.num_not_plain_greedy == 0
-        handle = StepHandle(result, requests, self.staging)
         tokens = self._sample(requests, h, inputs, handle, masks, plain)
         self._prev_tokens, self._prev_rows = tokens, _RowOf(requests)
         handle.launched(tokens)
