@@ -64,6 +64,7 @@ def task_context(spec, model, compile_constraints: bool = True) -> TaskContext:
         schema_field=spec.schema_field,
         compile=compile_job_constraint(spec, constraint, model) if compile_constraints else None,
         reasoning=thinks(tokenizer),
+        embedding_profile=getattr(model, "embedding_profile", None),
     )
 
 

@@ -117,7 +117,7 @@ def _fill_from_cache(model: DecoderLM, path: Path, dtype: torch.dtype, device: t
 
 def _fill_from_checkpoint(model, model_dir: Path, cfg: ModelConfig, dtype, device) -> None:
     """Fill every parameter from the safetensors files (fusing, casting); refuse missing or extra weights."""
-    tensors = _open_checkpoint(model_dir)
+    tensors = _with_model_prefix(_open_checkpoint(model_dir))
     used: set[str] = set()
     for name, param in model.named_parameters():
         sources = _sources(name, cfg)
@@ -192,6 +192,14 @@ def _moe_sources(local: str, cfg: ModelConfig) -> tuple[str, ...]:
     return tuple(
         f"{block}.shared_expert.{s.removeprefix('mlp.')}" for s in _FUSED[f"mlp.{local.split('.', 1)[1]}"]
     )
+
+
+def _with_model_prefix(tensors: dict) -> dict:
+    """A bare transformer's checkpoint (Qwen3Model: `layers.0...`, `embed_tokens.weight`) under the
+    causal LM's names (`model.layers.0...`)."""
+    if "model.embed_tokens.weight" in tensors or "embed_tokens.weight" not in tensors:
+        return tensors
+    return {name if name == "lm_head.weight" else f"model.{name}": load for name, load in tensors.items()}
 
 
 def _open_checkpoint(model_dir: Path) -> dict:
