@@ -46,8 +46,8 @@ def test_older_rope_theta_and_rope_scaling_keys():
         ({"model_type": "gpt2"}, "unsupported model type 'gpt2'"),
         ({"architectures": ["LlamaForSequenceClassification"]}, "LlamaForSequenceClassification"),
         (
-            {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}},
-            "rope scaling type 'yarn'",
+            {"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 4.0}},
+            "rope scaling type 'dynamic'",
         ),
         ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope scaling type 'dynamic'"),
         ({"hidden_act": "gelu"}, "activation 'gelu'"),
