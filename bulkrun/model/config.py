@@ -208,11 +208,13 @@ def _rope(cfg: dict, params: dict | None = None, default_theta: float = 10000.0)
         for key in ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim"):
             scaling[key] = params.get(key)
         scaling["truncate"] = params.get("truncate", True)
-        scaling["original_max_position_embeddings"] = int(params["original_max_position_embeddings"])
+        old = params.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
+        scaling["original_max_position_embeddings"] = int(old or cfg.get("max_position_embeddings", 2048))
     if rope_type == "llama3":
         scaling["low_freq_factor"] = float(params["low_freq_factor"])
         scaling["high_freq_factor"] = float(params["high_freq_factor"])
-        scaling["original_max_position_embeddings"] = int(params["original_max_position_embeddings"])
+        old = params.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
+        scaling["original_max_position_embeddings"] = int(old or cfg.get("max_position_embeddings", 2048))
     return theta, scaling
 
 

@@ -75,7 +75,7 @@ def test_gemma2_caps_and_alternating_layers():
         (
             {
                 "rope_parameters": {
-                    "full_attention": {"rope_type": "yarn", "factor": 2.0},
+                    "full_attention": {"rope_type": "dynamic", "factor": 2.0},
                     "sliding_attention": {"rope_type": "default"},
                 }
             },
