@@ -76,6 +76,7 @@ ENGINE_OPTIONS = [
     opt("device", str, "--device", help="cpu or cuda (default: cuda if available)."),
     opt("dtype", str, "--dtype", help="float32 / bfloat16 / float16 (default: bf16 on CUDA; on a CPU bf16 where it has native bf16, else fp32)."),
     opt("cuda_graphs", bool, "--cuda-graphs/--no-cuda-graphs", help="Replay captured CUDA graphs for decode-only steps (default: on; CUDA only)."),
+    opt("batch_invariant", bool, "--batch-invariant/--no-batch-invariant", help="A row's tokens and log-probabilities do not depend on its batch mates, prompt chunking or cache hits (default: on; off may be faster)."),
 ]  # fmt: skip
 
 DIST_OPTIONS = [
