@@ -26,7 +26,6 @@ $(STAMP): pyproject.toml Makefile
 	@touch $(STAMP)
 
 demo: install
-	@$(BIN)/bash -c true 2>/dev/null || true
 	$(BIN)/bulkrun run jobs/classify-tickets.toml --out runs/demo --restart
 	@echo
 	@echo "results: runs/demo/results.jsonl   report: runs/demo/report.json"
@@ -42,7 +41,6 @@ bench: install
 	$(BIN)/python bench/engine_bench.py
 	$(BIN)/python bench/precision_bench.py
 	$(BIN)/python bench/startup_bench.py
-	$(BIN)/python bench/daemon_bench.py
 	$(BIN)/python bench/classify_bench.py
 	$(BIN)/python bench/job_bench.py
 	$(BIN)/python bench/plan_bench.py

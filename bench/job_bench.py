@@ -4,11 +4,11 @@ length sorting on vs off on the real engine.
 1. Peak RSS of a whole job on 2,000 vs 200,000 input rows, each in a fresh process, with an
    *instant fake engine* (it answers every request at once with one token), so what is measured is
    the job layer: reading, ids, rendering + chat template + batch tokenizing (default model's
-   tokenizer), sorting, shards, the final merge. Target: the two differ by less than 20%.
+   tokenizer), sorting, shards, the final merge: the growth between the two.
 2. The same on the *real engine* (a tiny random model, so 200,000 rows finish in minutes; its KV
    cache is small per token, so the default 4 GiB budget holds millions of token slots and a pool
    that walked through untouched blocks would show it): peak RSS beside the KV cache's peak use
-   from report.json. Target: the two differ by less than 20%.
+   from report.json.
 3. The job layer's own items/s from the 200,000-row run (same instant engine), next to the items/s
    the real engine reaches in part 3: the job layer must be far faster, so it never starves it.
 4. Length sorting on vs off: the same mixed-length workload (50-400 token prompts in one window,
@@ -138,7 +138,7 @@ def child_sorting(model: str, rows: int, repeats: int) -> dict:
     rng.shuffle(lines)  # arrival order is not sorted
     path.write_text("\n".join(lines) + "\n")
     values = {"task": "generate", "input": str(path), "model": model, "quiet": True, "max_tokens": 16,
-              "window": rows, "max_seqs": SORT_MAX_SEQS, "kv_cache_mem": "1GiB", "prefix_cache": False}  # fmt: skip
+              "window": rows, "max_num_seqs": SORT_MAX_SEQS, "kv_cache_bytes": "1GiB", "enable_prefix_caching": False}  # fmt: skip
     engine = load_engine(build_spec([("bench", values | {"out": str(workdir / "warm")})]))
     runs: dict[str, list[dict]] = {"on": [], "off": []}
     for r in range(repeats):
@@ -230,7 +230,7 @@ def _print_memory(args, memory: dict, engine_memory: dict) -> None:
     print(f"  {'rows':>9} {'peak RSS MiB':>13} {'items/s':>10} {'wall s':>8}")
     for rows, m in memory.items():
         print(f"  {rows:>9} {m['peak_rss_mib']:>13.1f} {m['items_per_s']:>10.0f} {m['wall_s']:>8.1f}")
-    print(f"  peak RSS growth {args.small} -> {args.large} rows: {growth:+.1%} (target < 20%)")
+    print(f"  peak RSS growth {args.small} -> {args.large} rows: {growth:+.1%}")
     print("real engine (tiny random model, 4 new tokens, default KV budget), from report.json")
     print(
         f"  {'rows':>9} {'peak RSS MiB':>13} {'KV budget MiB':>14} {'KV peak MiB':>12} {'KV touched MiB':>15} "
@@ -241,7 +241,7 @@ def _print_memory(args, memory: dict, engine_memory: dict) -> None:
               f"{m['kv_cache_touched_mb']:>15.1f} {m['prefix_cache_hit_rate']:>12.0%} {m['wall_s']:>8.1f}")  # fmt: skip
     first, last = engine_memory[args.small], engine_memory[args.engine_large]
     print(f"  peak RSS growth {args.small} -> {args.engine_large} rows: "
-          f"{last['peak_rss_mb'] / first['peak_rss_mb'] - 1:+.1%} (target < 20%)")  # fmt: skip
+          f"{last['peak_rss_mb'] / first['peak_rss_mb'] - 1:+.1%}")  # fmt: skip
 
 
 def _print_sorting(args, memory: dict, sorting: dict) -> None:

@@ -67,8 +67,8 @@ def _encode_chat(tokenizer, text: str) -> list[int]:
 
 def matmul_gflops(n: int = 1024, repeats: int = 15, warmup_s: float = 0.5, dtype=torch.float32) -> float:
     """The machine's own fp32 matmul rate (GFLOP/s), measured in this process: the best of `repeats`
-    products after `warmup_s` of them. The best, not the median: noise only ever slows a product (one
-    median of 7 read 120 GFLOP/s on a machine that does 193), and a low rate would flatter bulkrun."""
+    products after `warmup_s` of them. The best, not the median: noise only ever slows a product, and a
+    low rate would flatter bulkrun."""
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     end = time.perf_counter() + warmup_s
     while time.perf_counter() < end:  # wake the thread pool and the clocks

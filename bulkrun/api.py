@@ -11,6 +11,8 @@ been committed so far. `run` resumes, takes OUT's lock and refuses a changed job
 does; the CLI's exit conditions are exceptions (bulkrun.exceptions: UsageError, InputError, ModelError,
 LockHeld, JobChanged, OutputError; Incomplete when rows remain), and a job that finished with row
 errors returns its report (report["errors_total"] says how many; `errors(OUT)` lists them).
+Repeated `run` calls in one process with the same model, device, dtype and kernels load the model
+once (bulkrun.execute).
 """
 
 from __future__ import annotations
@@ -27,9 +29,8 @@ def run(spec_or_path: str | Path | dict | None = None, **options: Any) -> dict:
     """Run a job and return its report (what OUT/report.json holds); a sweep returns
     {"sweep": [one row per run]} (OUT/sweep.json). `spec_or_path` is a TOML job spec's path or a
     dict of spec keys; `options` are spec keys too (input=..., out=..., labels=[...]) and win over it."""
-    from bulkrun.cli.execute import run_spec, run_sweep_spec
+    from bulkrun.execute import is_sweep_spec, run_spec, run_sweep_spec
     from bulkrun.job.spec import build_spec, load_toml
-    from bulkrun.tasks.sweep import is_sweep
 
     layers = []
     if isinstance(spec_or_path, dict):
@@ -39,7 +40,7 @@ def run(spec_or_path: str | Path | dict | None = None, **options: Any) -> dict:
     values = {key: str(value) if isinstance(value, Path) else value for key, value in options.items()}
     layers.append(("bulkrun.run options", values))
     spec = build_spec(layers)
-    if spec.task == "eval" and is_sweep(spec.task_options):
+    if is_sweep_spec(spec):
         return {"sweep": run_sweep_spec(spec)}
     report = run_spec(spec)
     if spec.shard is None and not report.get("complete", False):

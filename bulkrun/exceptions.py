@@ -19,7 +19,8 @@ code  name               meaning
 130   INTERRUPTED        stopped by Ctrl-C / SIGTERM; committed shards are kept, rerun to resume
 ====  =================  ==========================================================================
 
-Library code raises these; only the CLI edge turns them into one line on stderr and the exit code.
+`bulkrun --help` lists them from EXIT_CODES below. Library code raises these; only the CLI edge turns
+them into one line on stderr and the exit code.
 Bad rows are never exceptions that stop a job: they raise RowError and become error records.
 """
 
@@ -36,6 +37,21 @@ EXIT_JOB_CHANGED = 7
 EXIT_INCOMPLETE = 8
 EXIT_OUTPUT = 9
 EXIT_INTERRUPTED = 130
+
+# code -> what it means, in a few words (the table above, for `bulkrun --help`)
+EXIT_CODES = {
+    EXIT_OK: "every row done (or the command succeeded)",
+    EXIT_FATAL: "an unexpected internal error (a bug)",
+    EXIT_USAGE: "bad command line or job spec",
+    EXIT_ROW_ERRORS: "finished, some rows became error records",
+    EXIT_INPUT: "the input cannot be read",
+    EXIT_MODEL: "the model cannot be found or loaded",
+    EXIT_LOCKED: "another live run holds OUT's lock",
+    EXIT_JOB_CHANGED: "OUT holds a different job (rerun with --restart)",
+    EXIT_INCOMPLETE: "rows (or --shard slices) remain",
+    EXIT_OUTPUT: "OUT cannot be written",
+    EXIT_INTERRUPTED: "interrupted; rerun to resume",
+}
 
 
 class BulkrunError(Exception):

@@ -2,7 +2,8 @@
 
     ops = get_ops("auto", device)          # or "triton" / "cpu" / "reference"
     ops.write_kv(k, v, k_cache, v_cache, slot_mapping)
-    out = ops.paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
+    out = ops.paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
+                              window=0, sinks=None, softcap=0.0)   # see ATTENTION_SIGNATURE.md
 
 Triton is imported lazily, only for the "triton" backend, so the reference path works on machines
 without it. The "cpu" backend (kernels/cpu/*.cpp) is compiled once per machine on first use
@@ -28,6 +29,7 @@ class KernelOps:
     rms_norm: Callable
     rotary: Callable
     silu_and_mul: Callable
+    gelu_tanh_and_mul: Callable
 
 
 def triton_available() -> bool:
@@ -54,7 +56,7 @@ def resolve_backend(backend: str, device=None) -> str:
 
 
 def get_ops(backend: str = "auto", device=None) -> KernelOps:
-    """The four ops (plus silu_and_mul) of one backend. `device` decides 'auto' and lets a forced
+    """The four ops (plus the gated activations) of one backend. `device` decides 'auto' and lets a forced
     'triton' on the CPU (or 'cpu' on CUDA) fail here, before any work, rather than at the first step."""
     backend = resolve_backend(backend, device)
     if backend == "reference":
@@ -74,6 +76,7 @@ def _ops_from(backend: str, module) -> KernelOps:
         rms_norm=module.rms_norm,
         rotary=module.rotary,
         silu_and_mul=module.silu_and_mul,
+        gelu_tanh_and_mul=module.gelu_tanh_and_mul,
     )
 
 
@@ -90,7 +93,7 @@ def _cpu_ops(device) -> KernelOps:
 def _triton_ops(device) -> KernelOps:
     if not triton_available():
         raise ValueError("kernel backend 'triton' needs the triton package; install it or use 'reference'")
-    from .activation import silu_and_mul
+    from .activation import gelu_tanh_and_mul, silu_and_mul
     from .kv_write import write_kv
     from .paged_attention import _paged_attention_kernel, paged_attention
     from .rmsnorm import rms_norm
@@ -108,6 +111,7 @@ def _triton_ops(device) -> KernelOps:
         rms_norm=rms_norm,
         rotary=rotary,
         silu_and_mul=silu_and_mul,
+        gelu_tanh_and_mul=gelu_tanh_and_mul,
     )
 
 

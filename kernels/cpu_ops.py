@@ -32,20 +32,29 @@ def paged_attention(
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    *,
+    window: int = 0,
+    sinks: torch.Tensor | None = None,
+    softcap: float = 0.0,
     out: torch.Tensor | None = None,
     plan: reference.AttentionPlan | None = None,
 ) -> torch.Tensor:
+    """See reference.paged_attention (window, sinks and softcap as ATTENTION_SIGNATURE.md says)."""
     head_dim = q.shape[-1]
     supported = head_dim % 16 == 0 and (head_dim <= 128 or head_dim == 256) and q.stride(-1) == 1
     if not (supported and _native_same(q, k_cache, v_cache) and (out is None or out.dtype == q.dtype)):
         return reference.paged_attention(
-            q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, out=out, plan=plan
-        )
+            q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
+            window=window, sinks=sinks, softcap=softcap, out=out, plan=plan,
+        )  # fmt: skip
     if out is None:
         out = torch.empty_like(q)
+    if sinks is not None:
+        sinks = sinks.float().contiguous()
     torch.ops.bulkrun_cpu.paged_attention(
-        q, k_cache, v_cache, _i32(block_tables), _i32(query_start_loc), _i32(seq_lens), scale, out
-    )
+        q, k_cache, v_cache, _i32(block_tables), _i32(query_start_loc), _i32(seq_lens), scale,
+        int(window), sinks, float(softcap), out,
+    )  # fmt: skip
     return out
 
 
@@ -102,11 +111,20 @@ def rotary(q, k, positions, cos_sin_cache, q_out=None, k_out=None):
 
 def silu_and_mul(x, out=None):
     """x[T, 2I] (gate then up) -> silu(gate) * up, [T, I]."""
+    return _gated(x, out, torch.ops.bulkrun_cpu.silu_and_mul, reference.silu_and_mul)
+
+
+def gelu_tanh_and_mul(x, out=None):
+    """x[T, 2I] (gate then up) -> gelu_tanh(gate) * up, [T, I] (GeGLU)."""
+    return _gated(x, out, torch.ops.bulkrun_cpu.gelu_tanh_and_mul, reference.gelu_tanh_and_mul)
+
+
+def _gated(x, out, native, fallback):
     if x.dim() != 2 or x.stride(-1) != 1 or not _native(x) or (out is not None and out.dtype != x.dtype):
-        return reference.silu_and_mul(x, out=out)
+        return fallback(x, out=out)
     if out is None:
         out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype, device=x.device)
-    torch.ops.bulkrun_cpu.silu_and_mul(x, out)
+    native(x, out)
     return out
 
 

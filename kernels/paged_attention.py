@@ -53,7 +53,7 @@ def _find_seq_idx(query_start_loc_ptr, q_block_idx, num_seqs, BLOCK_Q: tl.conste
 
 # Integers that change from step to step are not specialized on (Triton would otherwise compile a new
 # binary whenever one of them is 1 or a multiple of 16): one binary per variant for a whole run.
-@triton.jit(do_not_specialize=["num_seqs", "num_partitions", "num_tokens", "stride_bt"])
+@triton.jit(do_not_specialize=["num_seqs", "num_partitions", "num_tokens", "stride_bt", "window"])
 def _paged_attention_kernel(
     out_ptr,
     partial_ptr,  # SPLIT: [T, Hq, P, HEAD_DIM_PAD] fp32 un-normalised outputs of each partition
@@ -64,7 +64,10 @@ def _paged_attention_kernel(
     block_tables_ptr,
     query_start_loc_ptr,
     seq_lens_ptr,
+    sinks_ptr,  # HAS_SINKS: [Hq] fp32, one logit per query head in the softmax denominator
     scale_log2,  # softmax scale * log2(e): the kernel uses exp2
+    window,  # > 0: each query sees its last `window` keys (itself included); 0: all earlier keys
+    softcap,  # SOFTCAP: scores = softcap * tanh(scores / softcap)
     num_seqs,
     num_partitions,
     num_tokens,
@@ -88,6 +91,8 @@ def _paged_attention_kernel(
     BLOCK_Q: tl.constexpr,
     TILE_N: tl.constexpr,
     SPLIT: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
 ):
@@ -118,15 +123,24 @@ def _paged_attention_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
+    if HAS_SINKS:  # the sink is one more softmax term, exp(sink - m): start the running max there
+        if partition == 0:  # (once per row: the split partitions' sums are added up)
+            m_i = tl.load(sinks_ptr + head, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+            l_i = tl.full([BLOCK_M], 1.0, tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
 
-    # Keys visible to the last query of this block; later keys are never needed. The tiles are shared
-    # out evenly over the partitions from each sequence's own length (no host-side lengths needed).
+    # Keys visible to the last query of this block; later keys are never needed, nor (with a window)
+    # keys before the first query's window. The tiles are shared out evenly over the partitions from
+    # each sequence's own length (no host-side lengths needed), so no partition lies outside the window.
     kv_len = context_len - q_len + tl.minimum(q_len, (local_block + 1) * BLOCK_Q)
     num_tiles = tl.cdiv(kv_len, TILE_N)
-    tiles_per_partition = tl.cdiv(num_tiles, num_partitions)
-    first_tile = partition * tiles_per_partition
+    first_key = tl.maximum(context_len - q_len + local_block * BLOCK_Q - window + 1, 0)
+    window_tile = tl.where(window > 0, first_key // TILE_N, 0)
+    tiles_per_partition = tl.cdiv(num_tiles - window_tile, num_partitions)
+    first_tile = window_tile + partition * tiles_per_partition
     last_tile = tl.minimum(first_tile + tiles_per_partition, num_tiles)
+    # the first key each row sees (0 without a window)
+    row_first = tl.where(window > 0, q_pos - window + 1, 0)
     offs_n = tl.arange(0, TILE_N)
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     for tile in range(first_tile, last_tile):
@@ -140,7 +154,10 @@ def _paged_attention_kernel(
         if DOT_IN_FP32:
             k = k.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
-        visible = (k_pos[None, :] <= q_pos[:, None]) & k_ok[None, :]
+        if SOFTCAP:  # in log2 units: cap * tanh(x / cap) with x = s ln 2, tanh by exp2
+            e = tl.math.exp2(s * (2.0 / softcap))  # exp(2 x / cap)
+            s = (softcap * 1.4426950408889634) * (1.0 - 2.0 / (e + 1.0))
+        visible = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] >= row_first[:, None]) & k_ok[None, :]
         s = tl.where(visible, s, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -303,6 +320,21 @@ def _check_args(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, ou
     )
 
 
+def _check_extras(q, window, sinks, softcap) -> None:
+    if int(window) < 0:
+        raise ValueError(f"window must be >= 0 (0: no window), got {window}")
+    if softcap < 0.0:
+        raise ValueError(f"softcap must be >= 0 (0: off), got {softcap}")
+    if sinks is not None and (
+        sinks.shape != (q.shape[1],) or sinks.dtype != torch.float32 or not sinks.is_contiguous()
+    ):
+        raise ValueError(
+            f"sinks must be a contiguous float32 [{q.shape[1]}] tensor, got {tuple(sinks.shape)} {sinks.dtype}"
+        )
+    if sinks is not None:
+        check_same_device(q=q, sinks=sinks)
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -311,6 +343,10 @@ def paged_attention(
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    *,
+    window: int = 0,
+    sinks: torch.Tensor | None = None,
+    softcap: float = 0.0,
     out: torch.Tensor | None = None,
     num_partitions: int | None = None,
 ) -> torch.Tensor:
@@ -321,8 +357,11 @@ def paged_attention(
     query i of a chunk of length n sits at position seq_lens[s] - n + i. Returns [T, Hq, D] (into `out`
     when given, e.g. a static buffer of a CUDA graph). num_partitions: split-KV partitions (None: chosen
     from the shapes by plan_partitions; 1: no split); capture-safe either way (no host sync).
+    window / sinks / softcap: a layer's sliding window, attention sinks and score soft-cap, as in
+    ATTENTION_SIGNATURE.md; the window is a runtime argument (every window shares one binary).
     """
     _check_args(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out)
+    _check_extras(q, window, sinks, softcap)
     check_runnable(_paged_attention_kernel, q.device)
     num_tokens, num_q_heads, head_dim = q.shape
     num_blocks, block_size, num_kv_heads, _ = k_cache.shape
@@ -350,7 +389,7 @@ def paged_attention(
     grid = (num_tokens // block_q + num_seqs, num_kv_heads, num_partitions)
     _paged_attention_kernel[grid](
         out, partials, stats, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
-        scale * math.log2(math.e), num_seqs, num_partitions, num_tokens, num_q_heads,
+        q if sinks is None else sinks, scale * math.log2(math.e), max(0, int(window)), float(softcap), num_seqs, num_partitions, num_tokens, num_q_heads,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -363,6 +402,8 @@ def paged_attention(
         BLOCK_Q=block_q,
         TILE_N=tile_n,
         SPLIT=split,
+        HAS_SINKS=sinks is not None,
+        SOFTCAP=softcap > 0.0,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         # Triton's interpreter multiplies bf16 bit patterns in tl.dot (triton-lang/triton#11584).
         DOT_IN_FP32=q.dtype == torch.bfloat16 and _interpreted(),

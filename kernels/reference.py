@@ -32,6 +32,7 @@ class DecodeGroup:
     num_blocks: int
     context: int  # keys to attend over after the gather (the group's longest context)
     mask: torch.Tensor | None  # [n, 1, 1, context] additive (0 / -inf); None when all lengths match
+    positions: torch.Tensor  # [n] int64: each row's position (its sequence's length - 1)
 
 
 @dataclass(slots=True)
@@ -88,7 +89,8 @@ def _plan_decode_group(block_tables, seqs, starts, lens, block_size, dtype) -> D
         mask = torch.zeros(len(seqs), 1, 1, context, dtype=dtype, device=device)
         mask.masked_fill_(too_far[:, None, None, :], float("-inf"))
     rows = torch.tensor([starts[s] for s in seqs], dtype=torch.long, device=device)
-    return DecodeGroup(rows=rows, blocks=blocks, num_blocks=num_blocks, context=context, mask=mask)
+    positions = torch.tensor(group_lens, dtype=torch.long, device=device) - 1
+    return DecodeGroup(rows, blocks, num_blocks, context, mask, positions)
 
 
 def _plan_chunk(table, start, n, context, block_size, dtype) -> ChunkWork:
@@ -118,10 +120,18 @@ def paged_attention(
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    *,
+    window: int = 0,
+    sinks: torch.Tensor | None = None,
+    softcap: float = 0.0,
     out: torch.Tensor | None = None,
     plan: AttentionPlan | None = None,
 ) -> torch.Tensor:
-    """Causal attention of each sequence's new queries over its cached context (GQA). [T, Hq, D]."""
+    """Causal attention of each sequence's new queries over its cached context (GQA). [T, Hq, D].
+
+    window > 0: the query at position p sees keys max(0, p - window + 1) .. p only. sinks [Hq] fp32:
+    one extra logit per head in the softmax denominator (its column then dropped). softcap > 0:
+    scores = softcap * tanh(scores / softcap) before the mask. See ATTENTION_SIGNATURE.md."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     group = num_q_heads // num_kv_heads
@@ -129,20 +139,63 @@ def paged_attention(
         plan = plan_attention(block_tables, query_start_loc, seq_lens, k_cache.shape[1], q.dtype)
     if out is None:
         out = torch.empty_like(q)
+    plain = window <= 0 and sinks is None and softcap <= 0.0
+    extras = _Extras(window, sinks, softcap, num_kv_heads, group)
     for g in plan.decode_groups:
         n = g.rows.numel()
         qg = q.index_select(0, g.rows).view(n, num_kv_heads, group, head_dim)
         k = _gather(k_cache, g.blocks, n, g.context)
         v = _gather(v_cache, g.blocks, n, g.context)
-        o = _sdpa(qg, k, v, g.mask, scale=scale)
+        if plain:
+            o = _sdpa(qg, k, v, g.mask, scale=scale)
+        else:  # q [n, Hkv, group, 1, D] against k [n, Hkv, 1, context, D]
+            positions = g.positions.view(n, 1, 1, 1, 1)
+            o = extras.attend(qg.unsqueeze(-2), k.unsqueeze(2), v.unsqueeze(2), positions, scale)
         out.index_copy_(0, g.rows, o.reshape(n, num_q_heads, head_dim))
     for c in plan.chunks:
-        qc = q[c.start : c.end].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
         k = _gather(k_cache, c.blocks, 1, c.context)
         v = _gather(v_cache, c.blocks, 1, c.context)
-        o = _sdpa(qc, k, v, c.mask, is_causal=c.mask is None, scale=scale, enable_gqa=group > 1)
-        out[c.start : c.end] = o[0].transpose(0, 1)
+        if plain:
+            qc = q[c.start : c.end].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
+            o = _sdpa(qc, k, v, c.mask, is_causal=c.mask is None, scale=scale, enable_gqa=group > 1)
+            out[c.start : c.end] = o[0].transpose(0, 1)
+        else:  # q [Hkv, group, n, D] against k [Hkv, 1, context, D]
+            n = c.end - c.start
+            qc = q[c.start : c.end].view(n, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+            positions = torch.arange(c.context - n, c.context, device=q.device)[:, None]
+            o = extras.attend(qc, k[0].unsqueeze(1), v[0].unsqueeze(1), positions, scale)
+            out[c.start : c.end] = o.permute(2, 0, 1, 3).reshape(n, num_q_heads, head_dim)
     return out
+
+
+@dataclass(slots=True)
+class _Extras:
+    """A layer's window / sinks / softcap: attention written out in fp32 (SDPA has no sinks or softcap)."""
+
+    window: int
+    sinks: torch.Tensor | None
+    softcap: float
+    num_kv_heads: int
+    group: int
+
+    def attend(self, q, k, v, positions, scale) -> torch.Tensor:
+        """q [..., Hkv, group, n, D] x k/v [..., Hkv, 1, context, D]; positions broadcast to the
+        scores' [..., n, 1] (each query row's position). Returns q's shape, in q's dtype."""
+        scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+        if self.softcap > 0.0:
+            scores = torch.tanh(scores / self.softcap) * self.softcap
+        keys = torch.arange(k.shape[-2], device=q.device)
+        visible = keys <= positions
+        if self.window > 0:
+            visible = visible & (keys > positions - self.window)
+        scores = scores.masked_fill(~visible, float("-inf"))
+        if self.sinks is not None:
+            sink = self.sinks.float().view(self.num_kv_heads, self.group, 1, 1)
+            scores = torch.cat((scores, sink.expand(*scores.shape[:-1], 1)), dim=-1)
+        probs = torch.softmax(scores, dim=-1)
+        if self.sinks is not None:
+            probs = probs[..., :-1]
+        return torch.matmul(probs, v.float()).to(q.dtype)
 
 
 def _sdpa(q, k, v, mask, **kwargs) -> torch.Tensor:
@@ -230,3 +283,10 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     """x[T, 2I] (gate then up, as a fused gate_up projection yields) -> silu(gate) * up, [T, I]."""
     gate, up = x.chunk(2, dim=-1)
     return torch.mul(F.silu(gate), up, out=out) if out is not None else F.silu(gate) * up
+
+
+def gelu_tanh_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x[T, 2I] (gate then up) -> gelu(gate, tanh approximation) * up, [T, I]: GeGLU (Gemma)."""
+    gate, up = x.chunk(2, dim=-1)
+    act = F.gelu(gate, approximate="tanh")
+    return torch.mul(act, up, out=out) if out is not None else act * up

@@ -8,7 +8,3 @@ import torch
 # before triton is first imported (transformers imports it), so it is set here, at the root.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-
-# A developer's resident `bulkrun daemon` must not run the suite's commands (tests/cli/test_daemon.py
-# starts its own, in folders of its own).
-os.environ["BULKRUN_NO_DAEMON"] = "1"

@@ -10,8 +10,9 @@ import bulkrun
 
 # Highest first. A module may import its own layer and any layer below it, never one above.
 LAYERS = [
-    "bulkrun.api",  # the Python API: runs jobs as the CLI does, reads output directories
-    "bulkrun.cli",
+    "bulkrun.api",  # the Python API: runs jobs through bulkrun.execute, reads output directories
+    "bulkrun.cli",  # parses, builds a JobSpec, calls bulkrun.execute
+    "bulkrun.execute",  # runs a JobSpec: the one door of the CLI and the API
     "bulkrun.distributed",
     "bulkrun.job",
     "bulkrun.tasks",
@@ -23,6 +24,8 @@ LAYERS = [
     "bulkrun.exceptions",  # exceptions and exit codes: importable from everywhere
 ]
 ALLOWED: set[tuple[str, str]] = set()  # no import may go up a layer
+# Pairs of layers that may not import each other although the order allows it (importer, imported).
+FORBIDDEN = [("bulkrun.api", "bulkrun.cli")]  # the library never depends on its command line
 PACKAGE = Path(bulkrun.__file__).parent
 KERNELS = PACKAGE.parent / "kernels"
 
@@ -74,6 +77,23 @@ def test_no_module_imports_a_higher_layer():
     assert upward_imports() == []
 
 
+def forbidden_imports() -> list[str]:
+    found = []
+    for module, path in _sources():
+        for importer, imported in FORBIDDEN:
+            if module == importer or module.startswith(importer + "."):
+                found += [
+                    f"{path.relative_to(PACKAGE.parent)}:{line} {module} imports {target}"
+                    for line, target in _imports(path, module)
+                    if target == imported or target.startswith(imported + ".")
+                ]
+    return found
+
+
+def test_the_api_does_not_import_the_cli():
+    assert forbidden_imports() == []
+
+
 def test_the_check_sees_upward_imports(tmp_path, monkeypatch):
     """The walk itself can fail: an engine module importing the job layer is reported."""
     fake = tmp_path / "bulkrun"
@@ -81,6 +101,8 @@ def test_the_check_sees_upward_imports(tmp_path, monkeypatch):
     (fake / "__init__.py").write_text("")
     (fake / "engine" / "__init__.py").write_text("")
     (fake / "engine" / "loop.py").write_text("def f():\n    from bulkrun.job.spec import JobSpec\n")
+    (fake / "api.py").write_text("from bulkrun.cli.app import app\n")
     monkeypatch.setattr(__import__(__name__), "PACKAGE", fake)
     monkeypatch.setattr(__import__(__name__), "KERNELS", tmp_path / "none")
     assert upward_imports() == ["bulkrun/engine/loop.py:2 bulkrun.engine.loop imports bulkrun.job.spec"]
+    assert forbidden_imports() == ["bulkrun/api.py:1 bulkrun.api imports bulkrun.cli.app"]

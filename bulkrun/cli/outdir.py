@@ -6,20 +6,14 @@ import json
 import sys
 from pathlib import Path
 
-import click
-
+from bulkrun.cli import options as opt
 from bulkrun.cli.app import app
 from bulkrun.exceptions import EXIT_INCOMPLETE, EXIT_OK, UsageError
 from bulkrun.io.outdir import is_uri
 
-# The job's output directory (its --out; a path or a URI).
-OUT = click.argument("out", metavar="OUT")
-
 
 @app.command()
-@OUT
-@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
-def status(out: str, as_json: bool) -> int:
+def status(out: opt.OutDir, as_json: opt.AsJson = False) -> int:
     """Show how far a job is (OUT: its --out, a path or a URI): rows done, errored and remaining,
     whether a run is alive, throughput.
 
@@ -33,17 +27,12 @@ def status(out: str, as_json: bool) -> int:
         info = status_at_uri(out)
     else:
         info = job_status(Path(out))
-    click.echo(json.dumps(info, indent=2) if as_json else "\n".join(status_lines(info)))
+    print(json.dumps(info, indent=2) if as_json else "\n".join(status_lines(info)))
     return EXIT_OK if info["remaining"] == 0 else EXIT_INCOMPLETE
 
 
 @app.command()
-@OUT
-@click.option(
-    "--format", "-f", "fmt", default=None, help="results as jsonl or parquet (default: like the input)."
-)
-@click.option("--force", is_flag=True, help="Export what is committed even if rows remain.")
-def export(out: str, fmt: str | None, force: bool) -> int:
+def export(out: opt.OutDir, format: opt.Format = None, force: opt.Force = False) -> int:
     """Merge the committed shards of OUT (its --out, a path or a URI) into the final files
     (results, errors, OpenAI output), in input order.
 
@@ -52,14 +41,14 @@ def export(out: str, fmt: str | None, force: bool) -> int:
     """
     from bulkrun.job.export import export_job
 
-    if fmt not in (None, "jsonl", "parquet"):
-        raise UsageError(f"--format must be jsonl or parquet, got {fmt!r}")
+    if format not in (None, "jsonl", "parquet"):
+        raise UsageError(f"--format must be jsonl or parquet, got {format!r}")
     if is_uri(out):
         from bulkrun.distributed.uri import export_at_uri
 
-        report = export_at_uri(out, fmt, force)
+        report = export_at_uri(out, format, force)
     else:
-        report = export_job(Path(out), fmt, force)
+        report = export_job(Path(out), format, force)
     print(f"exported {report['results_total']} results and {report['errors_total']} errors: "
           + ", ".join(f"{out.rstrip('/')}/{name}" for name in report["files"]), file=sys.stderr)  # fmt: skip
     return EXIT_OK

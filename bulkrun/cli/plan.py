@@ -3,27 +3,67 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import click
+import typer
 
+from bulkrun.cli import options as opt
 from bulkrun.cli.app import app
-from bulkrun.cli.job_source import SOURCE, SOURCE_OPTIONS, job_spec
-from bulkrun.cli.options import JOB_OPTIONS, options
+from bulkrun.cli.job_source import job_spec
 from bulkrun.exceptions import EXIT_OK, UsageError
+
+OWN = ("source", "prices", "sample", "no_sample", "as_json")  # plan's own options, not spec keys
 
 
 @app.command()
-@SOURCE
-@options(SOURCE_OPTIONS, JOB_OPTIONS)
-@click.option(
-    "--prices", type=click.Path(path_type=Path), help="Provider batch price table (TOML; see README)."
-)
-@click.option("--sample", type=int, help="Rows run on the engine to measure it (default 32).")
-@click.option("--no-sample", is_flag=True, help="Run nothing: token counts and bounds only.")
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan(
-    source: Path, prices: Path | None, sample: int | None, no_sample: bool, as_json: bool, opts: dict
+    ctx: typer.Context,
+    source: opt.Source,
+    task: opt.Task = None,
+    set: opt.Set = None,
+    out: opt.Out = None,
+    model: opt.Model = None,
+    id_field: opt.IdField = None,
+    text_field: opt.TextField = None,
+    prompt_template: opt.PromptTemplate = None,
+    system: opt.System = None,
+    messages_field: opt.MessagesField = None,
+    chat_template: opt.ChatTemplate = None,
+    keep_fields: opt.KeepFields = None,
+    temperature: opt.Temperature = None,
+    top_k: opt.TopK = None,
+    top_p: opt.TopP = None,
+    min_p: opt.MinP = None,
+    max_tokens: opt.MaxTokens = None,
+    seed: opt.Seed = None,
+    stop: opt.Stop = None,
+    n: opt.N = None,
+    max_model_len: opt.MaxModelLen = None,
+    json_schema: opt.JsonSchema = None,
+    regex: opt.Regex = None,
+    choice: opt.Choice = None,
+    schema_field: opt.SchemaField = None,
+    window: opt.Window = None,
+    sort_by_length: opt.SortByLength = None,
+    checkpoint_every: opt.CheckpointEvery = None,
+    quiet: opt.Quiet = None,
+    restart: opt.Restart = None,
+    kv_cache_bytes: opt.KvCacheBytes = None,
+    max_num_batched_tokens: opt.MaxNumBatchedTokens = None,
+    max_num_seqs: opt.MaxNumSeqs = None,
+    enable_prefix_caching: opt.EnablePrefixCaching = None,
+    kernels: opt.Kernels = None,
+    device: opt.Device = None,
+    dtype: opt.Dtype = None,
+    cuda_graphs: opt.CudaGraphs = None,
+    batch_invariant: opt.BatchInvariant = None,
+    ray: opt.Ray = None,
+    ray_address: opt.RayAddress = None,
+    workers: opt.Workers = None,
+    shard: opt.Shard = None,
+    prices: opt.Prices = None,
+    sample: opt.Sample = None,
+    no_sample: opt.NoSample = False,
+    as_json: opt.AsJson = False,
 ) -> int:
     """Estimate a job without running it: rows and bad rows, prompt tokens, shared prefix, generated
     tokens, wall time on this machine (from a short sample run), KV memory, and provider batch cost.
@@ -38,7 +78,7 @@ def plan(
         raise UsageError("--sample and --no-sample contradict each other")
     if sample is not None and sample < 1:
         raise UsageError(f"--sample must be >= 1, got {sample}")
-    spec = job_spec(source, opts)
+    spec = job_spec(source, opt.spec_values(ctx, *OWN))
     estimate = plan_job(spec, sample=0 if no_sample else sample or DEFAULT_SAMPLE, prices=prices)
-    click.echo(json.dumps(estimate.as_dict(), indent=2) if as_json else format_plan(estimate))
+    print(json.dumps(estimate.as_dict(), indent=2) if as_json else format_plan(estimate))
     return EXIT_OK

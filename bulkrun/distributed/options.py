@@ -1,6 +1,7 @@
-"""The checks behind the options that spread a job: `--ray [ADDRESS]`, `--workers N`, `--shard K/N`.
+"""The checks behind the options that spread a job: `--ray`, `--ray-address ADDRESS`, `--workers N`,
+`--shard K/N`.
 
-The CLI declares the options (bulkrun/cli/options.py, DIST_OPTIONS); what they mean and which
+The CLI declares the options (bulkrun/cli/options.py); what they mean and which
 combinations are refused lives here. Ray itself is imported only when a run actually uses it.
 """
 
@@ -12,25 +13,22 @@ from bulkrun.exceptions import UsageError
 from bulkrun.io.outdir import is_uri
 from bulkrun.job.slices import parse_shard
 
-# A bare `--ray`: connect to the cluster RAY_ADDRESS or `ray start` points at, else start a local one.
+# `--ray` without `--ray-address`: connect to the cluster RAY_ADDRESS or `ray start` points at, else
+# start a local one.
 RAY_DEFAULT = "default"
 
 _HOST_PORT = re.compile(r"^[\w.\-\[\]:]+:\d+$")
 
 
 def looks_like_ray_address(token: str) -> bool:
-    """Whether a `--ray` value is a Ray address (rather than, say, the input file written after it)."""
+    """Whether a `--ray-address` (or spec `ray`) value is a Ray address."""
     return token in ("auto", "local", RAY_DEFAULT) or is_uri(token) or bool(_HOST_PORT.match(token))
 
 
 def check_ray_address(value: str | bool | None) -> None:
-    """A `--ray` value (or spec `ray`) must be an address: a bare `--ray` followed by the input file
-    takes the file's name as its value, and that is refused here rather than dialled."""
+    """A `--ray-address` (or spec `ray`) value must be an address: refused here rather than dialled."""
     if isinstance(value, str) and not looks_like_ray_address(value):
-        raise UsageError(
-            f"--ray {value!r} is not a Ray address (auto, local, host:port or ray://host:10001); "
-            "write the input before a bare --ray, or use --ray=ADDRESS"
-        )
+        raise UsageError(f"{value!r} is not a Ray address (auto, local, host:port or ray://host:10001)")
 
 
 def check_exec_options(ray: str | bool | None, workers: int | None, shard: str | None) -> None:

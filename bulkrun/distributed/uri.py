@@ -1,6 +1,6 @@
 """Jobs whose --out is a URI (s3://bucket/run, gs://..., file:///...): run, export and status.
 
-Each entry point runs the ordinary job-layer function on a private local mirror (see remote_out.py)
+Each entry point runs the ordinary job-layer function on a private local mirror (see io/mirror.py)
 and reports the URI as the job's `out`. The Ray driver and workers use `driver_session_at_uri` and
 `run_slice_at_uri` the same way (ray_worker.py picks them for URI outputs).
 """

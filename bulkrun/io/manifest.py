@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from bulkrun.exceptions import JobChanged
@@ -109,10 +108,3 @@ def describe_change(old: dict, new: dict) -> str | None:
     if (old_in.get("size"), old_in.get("sample_sha256")) != (new_in["size"], new_in["sample_sha256"]):
         return f"input changed: '{new_in['path']}' is not the file this job started on"
     return None
-
-
-def remove_manifest(out: Path) -> None:
-    try:
-        os.unlink(out / MANIFEST)
-    except FileNotFoundError:
-        pass

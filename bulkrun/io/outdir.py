@@ -3,6 +3,10 @@
 Local paths use plain os calls (temporary file, fsync, rename: a reader never sees half a file).
 URIs (s3://, gs://, hdfs://, file://) go through `pyarrow.fs.FileSystem.from_uri`; object stores make a
 PUT visible all at once, and for the others we still write a temporary name and move it.
+For s3:// that takes the standard AWS environment: credentials (AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_PROFILE, instance roles), AWS_DEFAULT_REGION, and the
+endpoint of an S3-compatible store (MinIO, Ceph, ...) from AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL
+(tests/distributed/test_dist_s3.py runs jobs against a local S3 server that way).
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
-"""`bulkrun export-batch`: a job's rows as a provider's batch request files, ready to upload.
+"""`bulkrun batch prepare`: a job's rows as a provider's batch request files, ready to upload.
 
-The rows go through exactly what a job uses (the reader, the IdRegistry and the PromptBuilder, in a
-Feed), so a row the job would turn into an error record (missing field, duplicate id, prompt too long
+The rows go through the job's own input pipeline (job/pipeline.py, with the ids the job's manifest
+records), so a row the job would turn into an error record (missing field, duplicate id, prompt too long
 for the model, ...) is committed here as that error record in OUT, and every other row becomes one
 request with the job's messages (template and system message applied; the provider applies its own
 chat template), sampling options and structured-output constraint.
 
-The export lives in OUT/batch/ beside the job's manifest: `bulkrun import-batch OUT FILE...` then
+The export lives in OUT/batch/ beside the job's manifest: `bulkrun batch collect OUT FILE...` then
 commits the provider's results as shards of this same job, and a plain local rerun of the job does
 whatever the batch did not (rows the provider refused, expired requests). Rows already committed
 in OUT are not exported again.
@@ -24,11 +24,10 @@ from bulkrun.io.formats import OPENAI
 from bulkrun.io.manifest import job_fingerprint
 from bulkrun.io.provider_batch import BatchError, BatchRequest, BatchSampling, ResponseFormat, write_batch
 from bulkrun.io.provider_batch.model import UnsupportedOption
-from bulkrun.io.readers import read_rows
 from bulkrun.io.shards import ERRORS_DIR, ShardWriter
-from bulkrun.job.feed import Feed, IdRegistry, Prepared, PromptBuilder
+from bulkrun.job.feed import Prepared, PromptBuilder
 from bulkrun.job.resume import load_committed
-from bulkrun.job.session import load_prompt_side, open_job, task_context
+from bulkrun.job.session import load_prompt_side, open_job
 from bulkrun.job.spec import JobSpec
 
 BATCH_DIR = "batch"  # OUT/batch/: the request files, custom_ids.jsonl, batch.json, job.json
@@ -47,17 +46,9 @@ def export_batch(spec: JobSpec, provider: str, provider_model: str, *, overwrite
     sampling = job_sampling(spec)
     with open_job(spec) as session:
         side = load_prompt_side(spec, session.model_path)
-        session.task.bind(task_context(spec, side, compile_constraints=False))
-        builder = PromptBuilder(
-            session.task, side.tokenizer, chat_template=spec.chat_template, system=spec.system,
-            max_model_len=side.max_model_len,
-        )  # fmt: skip
+        done = load_committed(session.out).done
+        builder, feed = session.input(side, done=done, compile_constraints=False)
         openai_input = session.input_format == OPENAI
-        feed = Feed(
-            read_rows(Path(spec.input), session.input_format), builder,
-            IdRegistry("custom_id" if openai_input else spec.id_field),
-            done=load_committed(session.out).done, window=spec.window, sort=False,
-        )  # fmt: skip
         errors = ShardWriter(session.out / ERRORS_DIR, f"part-export-{uuid.uuid4().hex[:8]}")
         counts = {"error_records": 0, "local_only": 0}
         refused: list[BatchError] = []
@@ -130,7 +121,7 @@ def job_sampling(spec: JobSpec) -> BatchSampling:
 
 
 def response_format(spec: JobSpec) -> ResponseFormat | None:
-    """The job's structured-output constraint (issue 14: json_schema / regex / choice), where a
+    """The job's structured-output constraint (json_schema / regex / choice), where a
     provider can enforce it. Providers take JSON schemas only; regex and choice have no equivalent
     whose output text would equal a local run's, so they are refused rather than approximated."""
     schema = _constraint(spec, "json_schema")

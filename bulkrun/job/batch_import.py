@@ -1,4 +1,4 @@
-"""`bulkrun import-batch OUT FILE...`: a provider's batch results committed as shards of the job in OUT.
+"""`bulkrun batch collect OUT FILE...`: a provider's batch results committed as shards of the job in OUT.
 
 Pass 1 reads every file through: a broken line, or a result for a custom_id the export never wrote,
 stops the import with an error naming it, and nothing is committed. Pass 2 joins each row's samples
@@ -42,7 +42,9 @@ def import_batch(out: Path, result_files: list[Path], export_dir: Path | None = 
     out = Path(out)
     manifest = read_manifest(out) if out.is_dir() else None
     if manifest is None:
-        raise InputError(f"'{out}' holds no bulkrun job (no manifest.json); run export-batch there first")
+        raise InputError(
+            f"'{out}' holds no bulkrun job (no manifest.json); run `bulkrun batch prepare` there first"
+        )
     export_dir = Path(export_dir) if export_dir is not None else out / BATCH_DIR
     export, id_map = load_export(export_dir)
     job = read_job_file(export_dir) or {}

@@ -1,7 +1,8 @@
 """The job-wide constraint (--json-schema FILE, --regex, --choice), checked before any work.
 
-`job_constraint(spec)` reads and checks it when the job is opened (a missing or malformed schema file,
-two constraints at once, a constraint on a task that does not generate: exit 2 naming the problem);
+`job_constraint(spec)` reads and checks it when the spec is built (validate.py: a missing or malformed
+schema file, two constraints at once; a constraint on a task that does not generate is refused there
+too: exit 2 naming the problem);
 `compile_job_constraint` compiles it with the engine's tokenizer as soon as the engine is loaded, before
 the first row (a schema the grammar engine cannot compile, or not within its time limit: exit 2).
 """
@@ -59,15 +60,6 @@ def read_schema_file(path: str) -> dict:
         return json.loads(text)
     except ValueError as exc:
         raise UsageError(f"--json-schema '{path}' is not valid JSON: {exc}") from None
-
-
-def check_task_takes_constraints(spec, task) -> None:
-    flags = constraint_flags(spec)
-    if flags and not task.takes_constraints():
-        raise UsageError(
-            f"{flags}: constraints apply to generate, summarize and eval generation suites, not to {spec.task}"
-            + (" with labels" if spec.task == "eval" else "")
-        )
 
 
 def compile_job_constraint(spec, constraint: ConstraintSpec | None, engine):

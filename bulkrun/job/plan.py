@@ -1,10 +1,10 @@
 """`bulkrun plan`: a job's figures before it runs, measured the way the job would meet them.
 
-The input goes through exactly what a job uses (reader, IdRegistry, PromptBuilder in a Feed, the job's
-model and tokenizer), so rows, bad rows by kind and prompt tokens are the job's own. Nothing is written
-to OUT. The first `sample` good rows then run on the engine (Engine.stream, the job's one loop) to
-measure generated tokens per request and the engine's throughput on this machine; plan_estimate turns
-the figures into the estimate (see its docstring for the model).
+The input goes through the job's own input pipeline (job/pipeline.py: reader, the id rule,
+PromptBuilder, Feed, on the job's model and tokenizer), so rows, bad rows by kind and prompt tokens
+are the job's own. Nothing is written to OUT. The first `sample` good rows then run on the engine
+(Engine.stream, the job's one loop) to measure generated tokens per request and the engine's
+throughput on this machine; plan_estimate turns the figures into the estimate (see its docstring).
 
 Memory is bounded as in a job: a window at a time, prompt lengths as a histogram, the shared prefix as
 one list, and only the sample's requests kept.
@@ -18,9 +18,8 @@ from collections import Counter
 from pathlib import Path
 
 from bulkrun.engine.core.outputs import StepStats
-from bulkrun.io.formats import OPENAI, detect_format
-from bulkrun.io.readers import read_rows
-from bulkrun.job.feed import Feed, IdRegistry, Prepared, PromptBuilder
+from bulkrun.job.feed import Feed, Prepared
+from bulkrun.job.pipeline import input_pipeline, resolve_ids
 from bulkrun.job.plan_estimate import (
     PlanEstimate,
     PlanInputs,
@@ -30,10 +29,10 @@ from bulkrun.job.plan_estimate import (
     estimate_plan,
 )
 from bulkrun.job.prices import load_prices
-from bulkrun.job.resume import RowSet
-from bulkrun.job.session import build_task, check_named_fields, load_engine, resolve_model, task_context
+from bulkrun.job.session import load_engine, resolve_model
 from bulkrun.job.slices import parse_shard
 from bulkrun.job.spec import JobSpec
+from bulkrun.job.validate import check_input
 
 DEFAULT_SAMPLE = 32
 
@@ -41,21 +40,11 @@ DEFAULT_SAMPLE = 32
 def plan_job(spec: JobSpec, *, sample: int = DEFAULT_SAMPLE, prices: Path | None = None) -> PlanEstimate:
     """Read the input as `spec`'s job would, run a sample of `sample` rows (0: none), estimate."""
     price_table = load_prices(prices) if prices is not None else ()  # a bad table stops us before work
-    task = build_task(spec)
-    input_path = Path(spec.input)
-    fmt = detect_format(input_path)
-    check_named_fields(spec, task, input_path, fmt)
+    task, input_path, fmt = check_input(spec)  # the job's own checks, before any work
     model_path, _ = resolve_model(spec)
     engine = load_engine(spec, model_path)
-    task.bind(task_context(spec, engine))
-    builder = PromptBuilder(
-        task, engine.tokenizer, chat_template=spec.chat_template, system=spec.system,
-        max_model_len=engine.max_model_len,
-    )  # fmt: skip
-    feed = Feed(
-        read_rows(input_path, fmt), builder, IdRegistry("custom_id" if fmt == OPENAI else spec.id_field),
-        done=RowSet(), window=spec.window, sort=False,
-    )  # fmt: skip
+    ids = resolve_ids(spec, input_path, fmt)["field"]  # the ids the job would record
+    _, feed = input_pipeline(spec, task, engine, fmt=fmt, id_field=ids)
     start = time.perf_counter()
     prompts, errors, first = _read(feed, sample, quiet=spec.quiet)
     read_seconds = time.perf_counter() - start
@@ -70,7 +59,7 @@ def plan_job(spec: JobSpec, *, sample: int = DEFAULT_SAMPLE, prices: Path | None
             sample=run,
             workers=_workers(spec),
             block_size=engine.pool.block_size,
-            prefix_cache=spec.prefix_cache,
+            prefix_cache=spec.enable_prefix_caching,
             kv_bytes_per_token=per_token,
             kv_available_bytes=engine.pool.num_blocks * engine.pool.block_size * per_token,
             max_seqs=engine.limits.max_num_seqs,

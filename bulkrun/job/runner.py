@@ -13,17 +13,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 
 from bulkrun.exceptions import UsageError
 from bulkrun.io.manifest import job_fingerprint
-from bulkrun.io.readers import read_rows
 from bulkrun.io.shards import ERRORS_DIR, RESULTS_DIR, ShardWriter
 from bulkrun.job.calibrate import calibrate_task
-from bulkrun.job.feed import Feed, IdRegistry, PromptBuilder
 from bulkrun.job.loop import Checkpointer, JobLoop, ProgressBar
 from bulkrun.job.resume import load_committed
-from bulkrun.job.session import SINGLE, JobSession, load_engine, open_job, task_context
+from bulkrun.job.session import SINGLE, JobSession, load_engine, open_job
 from bulkrun.job.slices import Partition, mark_slice_done, parse_shard
 from bulkrun.job.spec import JobSpec, parse_checkpoint
 from bulkrun.job.stats import RunStats
@@ -66,21 +63,13 @@ def _stream(session: JobSession, engine, writer: str, select, on_progress: Progr
     spec, out = session.spec, session.out
     if engine is None:
         engine = load_engine(spec, session.model_path)
-    session.task.bind(task_context(spec, engine))
     # One process per shard-file prefix: slices and Ray workers add a fresh run id.
     prefix = SINGLE if select is None else f"part-{writer}-{uuid.uuid4().hex[:8]}"
     committed = load_committed(out)
     stats = RunStats()
     stats.describe_engine(engine)
     results, errors = ShardWriter(out / RESULTS_DIR, prefix), ShardWriter(out / ERRORS_DIR, prefix)
-    builder = PromptBuilder(
-        session.task, engine.tokenizer, chat_template=spec.chat_template, system=spec.system,
-        max_model_len=engine.max_model_len,
-    )  # fmt: skip
-    feed = Feed(
-        read_rows(Path(spec.input), session.input_format), builder, IdRegistry(session.id_field),
-        done=committed.done, window=spec.window, sort=spec.sort_by_length, select=select,
-    )  # fmt: skip
+    builder, feed = session.input(engine, done=committed.done, sort=spec.sort_by_length, select=select)
     already = len(committed.done) if select is None else sum(1 for r in committed.done.rows() if select(r))
     total = session.total_rows if select is None else None
     # A caller with its own progress hook (a Ray worker) shows one bar for everyone: none here.

@@ -1,4 +1,4 @@
-"""Opening a job: everything checked before any work, in one place.
+"""Opening a job: checked (validate.py), its model resolved, OUT locked, the manifest kept, before any work.
 
 `open_job(spec)` builds the task, checks the input (format, the columns the options name), resolves
 the model once, takes OUT's lock, wipes OUT on --restart, and checks or writes the manifest. Each
@@ -28,7 +28,6 @@ from pathlib import Path
 
 from bulkrun.exceptions import ModelError, OutputError, UsageError
 from bulkrun.io.atomic import make_dirs, write_json_atomic
-from bulkrun.io.formats import OPENAI, detect_format
 from bulkrun.io.lock import JobLock, lock_name
 from bulkrun.io.manifest import (
     build_manifest,
@@ -38,13 +37,13 @@ from bulkrun.io.manifest import (
     write_or_check_manifest,
 )
 from bulkrun.io.outdir import is_uri
-from bulkrun.io.readers import check_columns, count_rows, input_columns
-from bulkrun.job.constraints import check_task_takes_constraints, compile_job_constraint, job_constraint
-from bulkrun.job.resume import Committed, load_committed
-from bulkrun.job.spec import JobSpec, task_class
+from bulkrun.io.readers import count_rows
+from bulkrun.job.pipeline import InputPipeline, given_ids, input_pipeline, resolve_ids
+from bulkrun.job.resume import Committed, RowSet, load_committed
+from bulkrun.job.spec import JobSpec
 from bulkrun.job.stats import RunStats
-from bulkrun.tasks.base import Task, TaskContext, template_fields
-from bulkrun.tasks.chat import MESSAGES
+from bulkrun.job.validate import check_input
+from bulkrun.tasks.base import Task
 
 SINGLE = "part"
 FINAL_FILES = (
@@ -83,7 +82,15 @@ class JobSession:
         began; a job begun before ids were recorded keeps its --id-field (row numbers without)."""
         if "ids" in self.manifest:
             return self.manifest["ids"]["field"]
-        return "custom_id" if self.input_format == OPENAI else self.spec.id_field
+        return (given_ids(self.spec, self.input_format) or {"field": None})["field"]
+
+    def input(self, model, *, done: RowSet | None = None, sort: bool = False, select=None,
+              compile_constraints: bool = True) -> InputPipeline:  # fmt: skip
+        """The job's input pipeline on `model` (pipeline.py), with the job's own ids."""
+        return input_pipeline(
+            self.spec, self.task, model, fmt=self.input_format, id_field=self.id_field, done=done,
+            sort=sort, select=select, compile_constraints=compile_constraints,
+        )  # fmt: skip
 
     def report(self, stats: RunStats, committed: Committed | None = None,
                select: Callable[[int], bool] | None = None) -> dict:  # fmt: skip
@@ -132,13 +139,9 @@ class JobSession:
 
 @contextmanager
 def open_job(spec: JobSpec, *, lock: bool = True, writer: str = SINGLE) -> Iterator[JobSession]:
-    """Check task, input and model, take OUT's lock, check or write the manifest (wiping OUT first
-    on --restart when we hold the lock). Yields the session; releases the lock at the end."""
-    task = build_task(spec)
-    check_task_takes_constraints(spec, task)
-    input_path = Path(spec.input)
-    fmt = detect_format(input_path)
-    check_named_fields(spec, task, input_path, fmt)
+    """Check task and input (validate.py) and the model, take OUT's lock, check or write the
+    manifest (wiping OUT first on --restart when we hold the lock). Yields the session; releases the lock at the end."""
+    task, input_path, fmt = check_input(spec)
     model_path, model_info = resolve_model(spec)
     out = out_dir(spec)
     job_lock = JobLock(out / lock_name(writer))
@@ -151,62 +154,6 @@ def open_job(spec: JobSpec, *, lock: bool = True, writer: str = SINGLE) -> Itera
         yield JobSession(spec, task, out, manifest, model_path, job_lock)
     finally:
         job_lock.release()
-
-
-def named_fields(spec: JobSpec, task: Task) -> dict[str, str]:
-    """The input fields the options name: field -> the option that names it."""
-    named = {}
-    if spec.prompt_template is not None:
-        named.update({name: "--prompt-template" for name in template_fields(spec.prompt_template)})
-    elif spec.messages_field is not None:
-        named[spec.messages_field] = "--messages-field"
-    elif task.uses_text_field:
-        named[spec.text_field] = "--text-field"
-    if spec.id_field is not None:
-        named[spec.id_field] = "--id-field"
-    if spec.schema_field is not None:
-        named[spec.schema_field] = "--schema-field"
-    named.update({name: "--keep-field" for name in spec.keep_fields})
-    named.update(task.named_fields())
-    return named
-
-
-def check_named_fields(spec: JobSpec, task: Task, path: Path, fmt: str) -> None:
-    """Every field an option names must be in the input (OpenAI batch lines have their own shape)."""
-    if fmt == OPENAI:
-        return
-    named = named_fields(spec, task)
-    window = spec.window
-    text_named = named.get(spec.text_field) == "--text-field" and _takes_messages(task)
-    if text_named and not _has_field(path, fmt, spec.text_field, window):
-        if _has_field(path, fmt, MESSAGES, window):  # a chat dataset: its `messages` are the prompts
-            del named[spec.text_field]
-        else:
-            try:
-                check_columns(path, fmt, named, window)
-            except UsageError as exc:
-                raise UsageError(f"{exc}; nor is there a '{MESSAGES}' column of chat messages") from None
-    check_columns(path, fmt, named, window)
-
-
-def _has_field(path: Path, fmt: str, name: str, window: int) -> bool:
-    try:
-        check_columns(path, fmt, {name: ""}, window)
-    except UsageError:
-        return False
-    return True
-
-
-def _takes_messages(task: Task) -> bool:
-    return task.takes_constraints()  # the generating tasks: generate, summarize, eval generation suites
-
-
-def build_task(spec: JobSpec) -> Task:
-    cls = task_class(spec.task)
-    try:
-        return cls.from_options(dict(spec.task_options))
-    except (ValueError, TypeError) as exc:
-        raise UsageError(f"{spec.task}: {exc}") from None
 
 
 def out_dir(spec: JobSpec) -> Path:
@@ -257,7 +204,7 @@ def _loading(model_path: Path):
 @dataclass(frozen=True)
 class PromptSide:
     """What turning rows into prompts needs of a model (its tokenizer and context length), without
-    loading weights or a KV cache: for commands that prepare prompts but run nothing (export-batch)."""
+    loading weights or a KV cache: for commands that prepare prompts but run nothing (batch prepare)."""
 
     tokenizer: object
     max_model_len: int
@@ -273,48 +220,12 @@ def load_prompt_side(spec: JobSpec, model_path: Path) -> PromptSide:
     return PromptSide(tokenizer, min(max_len, spec.max_model_len or max_len))
 
 
-def task_context(spec: JobSpec, engine, compile_constraints: bool = True) -> TaskContext:
-    """`compile_constraints=False` where another system enforces them (a provider's batch tier:
-    export-batch sends the schema, import-batch checks each output)."""
-    tokenizer = engine.tokenizer
-    if spec.chat_template and not getattr(tokenizer, "chat_template", None):
-        raise UsageError("the model has no chat template; pass --no-chat-template to use plain prompts")
-    constraint = job_constraint(spec)
-    return TaskContext(
-        tokenizer=tokenizer,
-        max_model_len=engine.max_model_len,
-        sampling=spec.sampling(),
-        n=spec.n,
-        text_field=spec.text_field,
-        prompt_template=spec.prompt_template,
-        messages_field=spec.messages_field,
-        constraint=constraint,
-        schema_field=spec.schema_field,
-        compile=compile_job_constraint(spec, constraint, engine) if compile_constraints else None,
-    )
-
-
 def wipe(out: Path) -> None:
     """--restart: remove everything a previous job left (never the lock we hold)."""
     for name in FINAL_FILES:
         (out / name).unlink(missing_ok=True)
     for name in JOB_DIRS:
         shutil.rmtree(out / name, ignore_errors=True)
-
-
-ID_COLUMNS = ("id", "custom_id")  # taken as the id when --id-field is not given, in this order
-
-
-def resolve_ids(spec: JobSpec, input_path: Path, fmt: str) -> dict:
-    """Where ids come from: --id-field; else an `id` (or `custom_id`) column of the input (JSONL:
-    of its first --window rows); else the row number. The manifest records it."""
-    if fmt == OPENAI:
-        return {"field": "custom_id", "source": "openai batch"}
-    if spec.id_field is not None:
-        return {"field": spec.id_field, "source": "--id-field"}
-    columns, _ = input_columns(input_path, fmt, spec.window)
-    found = next((name for name in ID_COLUMNS if name in (columns or ())), None)
-    return {"field": found, "source": "input column" if found else "row number"}
 
 
 def _manifest(spec, task, input_path: Path, fmt: str, model_info: dict, out: Path) -> dict:

@@ -11,8 +11,9 @@ A TOML spec is flat: the same names as the command-line options, with `_` or `-`
 Keys are the shared ones below plus the task's own (Task.options). An unknown key is an error
 naming the key. Relative paths are relative to the current directory, like on the command line.
 
-Adding an option: a field on JobSpec (shared) or a key in a Task's `options` (task-specific), and
-its flag in bulkrun/cli/options.py. Adding a task: a Task subclass and a line in _TASKS below.
+Adding an option: a field on JobSpec (shared) or a key in a Task's `options` (task-specific), its
+typed alias in bulkrun/cli/options.py, and a parameter of that name in each command that takes it.
+Adding a task: a Task subclass and a line in _TASKS below.
 Task classes are imported lazily, so `bulkrun status` never imports a model stack.
 """
 
@@ -32,7 +33,6 @@ except ModuleNotFoundError:  # Python 3.10
 
 from bulkrun.engine.core.params import SamplingParams
 from bulkrun.exceptions import SpecError, UsageError
-from bulkrun.job.slices import parse_shard
 from bulkrun.tasks.base import Task
 
 RESULT = {"result": True}  # the option changes results: it is part of the job fingerprint
@@ -75,11 +75,11 @@ class JobSpec:
     quiet: bool = False
     restart: bool = False
     keep_fields: list[str] = field(default_factory=list)
-    # engine knobs (do not change results)
-    kv_cache_mem: str | None = None
-    max_batch_tokens: int | None = None
-    max_seqs: int | None = None
-    prefix_cache: bool = True
+    # engine knobs (do not change results), named as EngineConfig's fields
+    kv_cache_bytes: str | None = None  # a size: 2GiB, 512MB or a number of bytes
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
+    enable_prefix_caching: bool = True
     kernels: str = "auto"
     device: str | None = None
     cuda_graphs: bool = True
@@ -109,10 +109,10 @@ class JobSpec:
         from bulkrun.engine.core.config import EngineConfig
 
         values = {
-            "kv_cache_bytes": parse_size(self.kv_cache_mem) if self.kv_cache_mem else None,
-            "max_num_seqs": self.max_seqs,
-            "max_num_batched_tokens": self.max_batch_tokens,
-            "enable_prefix_caching": self.prefix_cache,
+            "kv_cache_bytes": parse_size(self.kv_cache_bytes) if self.kv_cache_bytes else None,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "enable_prefix_caching": self.enable_prefix_caching,
             "dtype": self.dtype,
             "device": self.device,
             "kernels": self.kernels,
@@ -190,7 +190,9 @@ def build_spec(layers: list[tuple[str, dict]]) -> JobSpec:
     for key, value in task_defaults.items():
         spec_values.setdefault(key, value)
     spec = JobSpec(**spec_values, task_options=task_values)
-    validate(spec)
+    from bulkrun.job.validate import check_spec  # it checks values with this module's parsers
+
+    check_spec(spec)
     if spec.out is None:  # the one place the default output directory is chosen
         spec.out = str(Path("runs") / f"{spec.task}-{Path(spec.input).stem}")
     return spec
@@ -201,54 +203,6 @@ def _unknown_key_message(key: str, where: str, task: type[Task]) -> str:
     close = difflib.get_close_matches(key, known, n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
     return f"unknown option '{key}' in {where} for task '{task.name}'{hint}"
-
-
-def validate(spec: JobSpec) -> None:
-
-    if spec.input is None:
-        raise UsageError("no input file given")
-    for name in ("window", "n", "max_tokens"):
-        minimum = 0 if name == "max_tokens" else 1
-        if getattr(spec, name) < minimum:
-            raise UsageError(f"{name} must be >= {minimum}, got {getattr(spec, name)}")
-    parse_checkpoint(spec.checkpoint_every)
-    if spec.shard is not None:
-        parse_shard(spec.shard)
-    spec.engine_config()  # sizes, limits, the kernel backend's name
-    _check_kernels_fit_device(spec)
-    if spec.prompt_template is not None:
-        from bulkrun.tasks.base import template_fields
-
-        try:
-            template_fields(spec.prompt_template)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-    spec.sampling()  # raises UsageError for invalid sampling values
-    from bulkrun.job.constraints import job_constraint
-
-    job_constraint(spec)  # a missing or malformed schema file, two constraints at once
-
-
-def _check_kernels_fit_device(spec: JobSpec) -> None:
-    """A forced kernel backend that cannot run on this run's device is a bad flag, found before any
-    work (not a model-load failure at the first engine). Ray runs are left to their workers, whose
-    devices the driver cannot see."""
-    if spec.ray is not None or spec.kernels not in ("triton", "cpu"):
-        return
-    from bulkrun.engine.worker.device import resolve_device
-
-    try:
-        on_cuda = resolve_device(spec.device).type == "cuda"
-    except RuntimeError:
-        raise UsageError(f"device must be cpu or cuda (cuda:N), got {spec.device!r}") from None
-    if spec.kernels == "triton" and not on_cuda:
-        raise UsageError(
-            "--kernels triton needs a CUDA device and this run is on the CPU; use auto, cpu or reference"
-        )
-    if spec.kernels == "cpu" and on_cuda:
-        raise UsageError(
-            "--kernels cpu runs on the CPU and this run is on CUDA; use auto, triton or reference"
-        )
 
 
 def spec_from_file(path: Path, overrides: dict | None = None) -> JobSpec:
@@ -264,11 +218,6 @@ _TASKS: dict[str, str | type[Task]] = {
     "classify": "bulkrun.tasks.classify:ClassifyTask",
     "eval": "bulkrun.tasks.eval:EvalTask",
 }
-
-
-def register_task(name: str, task: str | type[Task]) -> None:
-    """Add or replace a task: a Task subclass or a "module:Class" path."""
-    _TASKS[name] = task
 
 
 def task_names() -> list[str]:
@@ -322,7 +271,7 @@ def check_value(key: str, value: Any, annotation: str, where: str) -> Any:
         return float(value)
     if "str" in kinds and isinstance(value, str):
         return value
-    if "str" in kinds and key in ("checkpoint_every", "kv_cache_mem") and isinstance(value, int):
+    if "str" in kinds and key in ("checkpoint_every", "kv_cache_bytes") and isinstance(value, int):
         return str(value)  # a bare number of items / bytes
     if "list[str]" in kinds:
         if isinstance(value, str):

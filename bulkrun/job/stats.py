@@ -164,9 +164,10 @@ def summary_lines(report: dict) -> list[str]:
             f"(peak {report['kv_cache_use_peak']:.0%}), prefix-cache hits {report['prefix_cache_hit_rate']:.0%}"
             f", peak RSS {report.get('peak_rss_mb', 0):.0f} MB, {report.get('dtype') or 'dtype n/a'}"
         )
-    metrics = report.get("metrics") or {}
-    if isinstance(metrics.get("accuracy"), int | float):
-        lines.append(f"  accuracy {metrics['accuracy']:.3f}")
+    # the task's metrics.json as text: accuracy, per-label figures, calibration, confusion matrix
+    from bulkrun.tasks.metrics import metrics_lines
+
+    lines += [f"  {line}" for line in metrics_lines(report.get("metrics") or {})]
     return lines
 
 

@@ -29,7 +29,6 @@ from bulkrun.tasks.calibration import (
 )
 from bulkrun.tasks.continuations import ContinuationTokenizer, on_new_line, scoring_request
 from bulkrun.tasks.labels import LabelError, LabelSet, label_set_from_options
-from bulkrun.tasks.metrics import metrics_lines
 
 DEFAULT_INSTRUCTION = "Classify the text into exactly one of the labels below. Answer with the label only."
 NORMALIZE_MODES = ("sum", "mean")
@@ -236,10 +235,6 @@ class ClassifyTask(Task):
 
     def metrics_need_results(self) -> bool:
         return True
-
-    @staticmethod
-    def summary_lines(summary: Mapping) -> list[str]:
-        return metrics_lines(summary)
 
 
 def _or_default(value, default):

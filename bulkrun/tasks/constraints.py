@@ -118,14 +118,14 @@ def imported_output_columns(record: dict, fields: dict, job: dict) -> dict:
     texts, reasons = record["text"], record["finish_reason"]
     as_list = isinstance(texts, list)
     outputs = [
-        _Landed(text, reason)
+        _ImportedOutput(text, reason)
         for text, reason in zip(texts if as_list else [texts], reasons if as_list else [reasons], strict=True)
     ]
     return output_columns(spec, outputs, with_json, as_list)
 
 
-class _Landed:
-    """The two fields of a RequestOutput that output_columns reads."""
+class _ImportedOutput:
+    """A provider's output as the two fields of a RequestOutput that output_columns reads."""
 
     __slots__ = ("text", "finish_reason")
 

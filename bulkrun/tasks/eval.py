@@ -13,7 +13,6 @@ Three kinds of suite, chosen by the options:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import replace
 
 from bulkrun.engine.core.outputs import RequestOutput
@@ -35,7 +34,6 @@ from bulkrun.tasks.metrics import (
     classification_metrics,
     extract_answer,
     generation_metrics,
-    metrics_lines,
 )
 from bulkrun.tasks.multiple_choice import TARGET_DELIMITER, MultipleChoice, multiple_choice_metrics
 from bulkrun.tasks.sweep import SWEEP_KEYS
@@ -230,7 +228,3 @@ class EvalTask(Task):
 
     def metrics_need_results(self) -> bool:
         return True
-
-    @staticmethod
-    def summary_lines(metrics: Mapping) -> list[str]:
-        return metrics_lines(metrics)

@@ -1,26 +1,24 @@
-"""Eval sweeps: one run per combination of models, prompt templates and temperatures, then a table.
-
-Each combination is an ordinary job with its own output directory OUT/runs/<name>/, so every run is
-resumable on its own and rerunning the sweep continues where it stopped. The comparison goes to
-OUT/sweep.json (every run's metrics) and OUT/sweep.md (a table). A model is loaded once for all
-the combinations that use it, when the job layer's runner accepts an already loaded engine.
+"""Eval sweeps, the pure part: which combinations of models, prompt templates and temperatures a
+sweep's options name, and the comparison table. Running them (one ordinary job per combination) and
+writing the tables is the job layer's (bulkrun/job/sweep.py).
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from bulkrun.exceptions import UsageError
 
 SWEEP_KEYS = ("sweep_model", "sweep_template", "sweep_temperature")
 
 
-class SweepError(ValueError):
-    """A sweep that cannot run as given; the message says why."""
+class SweepError(UsageError):
+    """A sweep that cannot run as given; the message says why (a bad option: exit code 2)."""
 
 
 @dataclass(frozen=True)
@@ -36,7 +34,17 @@ def is_sweep(task_options: dict) -> bool:
     return any(task_options.get(key) for key in SWEEP_KEYS)
 
 
-def combinations(task_options: dict, has_labels: bool) -> list[Combination]:
+def template_files(task_options: dict) -> list[Path]:
+    """The files the sweep's `@path` templates name (the job layer reads them)."""
+    templates = _as_list(task_options.get("sweep_template"), "sweep_template", split=False)
+    return [Path(t[1:]) for t in templates if t.startswith("@")]
+
+
+def combinations(
+    task_options: dict, has_labels: bool, files: Mapping[Path, str] | None = None
+) -> list[Combination]:
+    """Every combination, models outermost (so runs of one model follow each other). `files` holds
+    the text of each `@path` template (template_files)."""
     models = _as_list(task_options.get("sweep_model"), "sweep_model")
     templates = _as_list(task_options.get("sweep_template"), "sweep_template", split=False)
     temperatures = [
@@ -57,7 +65,7 @@ def combinations(task_options: dict, has_labels: bool) -> list[Combination]:
             parts.append(f"t{ti}")
         if temp is not None:
             parts.append(f"temp{temp:g}")
-        text, label = _template(template)
+        text, label = _template(template, files or {})
         result.append(Combination("__".join(parts) or "base", model, text, temp, label))
     return result
 
@@ -90,84 +98,19 @@ def _temperature(value) -> float:
     return temp
 
 
-def _template(value: str | None) -> tuple[str | None, str | None]:
-    """A template given inline, or `@path` read from a file."""
+def _template(value: str | None, files: Mapping[Path, str]) -> tuple[str | None, str | None]:
+    """A template given inline, or `@path`: that file's text."""
     if value is None:
         return None, None
     if value.startswith("@"):
         path = Path(value[1:])
-        try:
-            return path.read_text(encoding="utf-8"), path.name
-        except OSError as exc:
-            raise SweepError(f"sweep_template: cannot read {path}: {exc.strerror or exc}") from None
+        return files[path], path.name
     short = " ".join(value.split())
     return value, short if len(short) <= 40 else short[:37] + "..."
 
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:40] or "model"
-
-
-def child_spec(spec, combo: Combination):
-    """The job spec of one combination: the sweep's spec with this combination's values."""
-    options = {k: v for k, v in spec.task_options.items() if k not in SWEEP_KEYS}
-    changes: dict[str, Any] = {"out": str(Path(spec.out) / "runs" / combo.name), "task_options": options}
-    if combo.model is not None:
-        changes["model"] = combo.model
-    if combo.template is not None:
-        changes["prompt_template"] = combo.template
-    if combo.temperature is not None:
-        changes["temperature"] = combo.temperature
-    return replace(spec, **changes)
-
-
-def run_sweep(
-    spec,
-    run_one: Callable[..., dict],
-    build_engine: Callable[[Any], Any] | None = None,
-    has_labels: bool = False,
-) -> list[dict]:
-    """Run every combination (grouped by model so each model loads once), then write the tables.
-    `run_one(child_spec, engine=...)` runs one job and returns its report dict."""
-    combos = combinations(spec.task_options, has_labels)
-    rows: list[dict] = []
-    for _model, group in itertools.groupby(combos, key=lambda c: c.model):
-        group = list(group)
-        first = child_spec(spec, group[0])
-        engine = build_engine(first) if build_engine is not None and len(group) > 1 else None
-        for combo in group:
-            child = child_spec(spec, combo)
-            report = run_one(child, engine=engine) if engine is not None else run_one(child)
-            rows.append(sweep_row(combo, child, report))
-    write_tables(Path(spec.out), rows)
-    return rows
-
-
-def sweep_row(combo: Combination, child, report: dict) -> dict:
-    metrics_path = Path(child.out) / "metrics.json"
-    metrics = json.loads(metrics_path.read_text(encoding="utf-8")) if metrics_path.exists() else {}
-    return {
-        "name": combo.name,
-        "out": child.out,
-        "model": child.model,
-        "prompt_template": combo.template_label,
-        "temperature": child.temperature if combo.temperature is not None else None,
-        "items": metrics.get("items"),
-        "errors": report.get("errors"),
-        "accuracy": metrics.get("accuracy"),  # multiple choice: acc
-        "acc_norm": metrics.get("acc_norm"),  # multiple choice
-        "raw_accuracy": metrics.get("raw_accuracy"),  # calibrated labels: the accuracy without
-        "macro_f1": metrics.get("macro_f1"),
-        "items_per_s": report.get("items_per_s"),
-        "metrics": metrics,
-    }
-
-
-def write_tables(out: Path, rows: Sequence[dict]) -> None:
-    from bulkrun.io.atomic import write_text_atomic
-
-    write_text_atomic(out / "sweep.json", json.dumps({"runs": list(rows)}, indent=2) + "\n")
-    write_text_atomic(out / "sweep.md", markdown_table(rows))
 
 
 def markdown_table(rows: Sequence[dict]) -> str:

@@ -17,7 +17,8 @@ namespace bulkrun_cpu {
 
 void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& query_start_loc,
-                     const at::Tensor& seq_lens, double scale, at::Tensor& out);
+                     const at::Tensor& seq_lens, double scale, int64_t window,
+                     const c10::optional<at::Tensor>& sinks, double softcap, at::Tensor& out);
 
 namespace {
 
@@ -112,7 +113,9 @@ void rms_norm(const at::Tensor& x, const c10::optional<at::Tensor>& residual, co
 }
 
 // x [T, 2I] = gate | up  ->  out [T, I] = silu(gate) * up
-void silu_and_mul(const at::Tensor& x, at::Tensor& out) {
+// out = act(gate) * up for x = [gate | up] per row (a fused gate_up projection's output)
+template <typename Act>
+void gated_activation(const at::Tensor& x, at::Tensor& out, Act act) {
   check_rows(x, "x");
   check_rows(out, "out");
   TORCH_CHECK(out.scalar_type() == x.scalar_type(), "out must have x's dtype");
@@ -129,11 +132,23 @@ void silu_and_mul(const at::Tensor& x, at::Tensor& out) {
         T* oi = op + i * os;
 #pragma omp simd
         for (int64_t j = 0; j < inter; ++j) {
-          const float g = to_float(gate[j]);
-          oi[j] = from_float<T>(g / (1.f + vec_exp(-g)) * to_float(up[j]));
+          oi[j] = from_float<T>(act(to_float(gate[j])) * to_float(up[j]));
         }
       }
     });
+  });
+}
+
+void silu_and_mul(const at::Tensor& x, at::Tensor& out) {
+  gated_activation(x, out, [](float g) { return g / (1.f + vec_exp(-g)); });
+}
+
+// GeGLU (Gemma): gelu with the tanh approximation, 0.5 g (1 + tanh(y)), y = sqrt(2/pi) (g + 0.044715 g^3),
+// written as g / (1 + e^-2y): no cancellation in the negative tail (1 + tanh(y) would lose it)
+void gelu_tanh_and_mul(const at::Tensor& x, at::Tensor& out) {
+  gated_activation(x, out, [](float g) {
+    const float y = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+    return g / (1.f + vec_exp(-2.f * y));
   });
 }
 
@@ -223,10 +238,12 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at:
 
 TORCH_LIBRARY(bulkrun_cpu, m) {
   m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-        "Tensor query_start_loc, Tensor seq_lens, float scale, Tensor(a!) out) -> ()");
+        "Tensor query_start_loc, Tensor seq_lens, float scale, int window, Tensor? sinks, float softcap, "
+        "Tensor(a!) out) -> ()");
   m.def("rms_norm(Tensor x, Tensor? residual, Tensor weight, float eps, Tensor(a!) out, "
         "Tensor(b!) residual_out) -> ()");
   m.def("silu_and_mul(Tensor x, Tensor(a!) out) -> ()");
+  m.def("gelu_tanh_and_mul(Tensor x, Tensor(a!) out) -> ()");
   m.def("rotary(Tensor q, Tensor k, Tensor positions, Tensor cos_sin_cache, Tensor(a!) q_out, "
         "Tensor(b!) k_out) -> ()");
   m.def("write_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
@@ -236,6 +253,7 @@ TORCH_LIBRARY_IMPL(bulkrun_cpu, CPU, m) {
   m.impl("paged_attention", &bulkrun_cpu::paged_attention);
   m.impl("rms_norm", &bulkrun_cpu::rms_norm);
   m.impl("silu_and_mul", &bulkrun_cpu::silu_and_mul);
+  m.impl("gelu_tanh_and_mul", &bulkrun_cpu::gelu_tanh_and_mul);
   m.impl("rotary", &bulkrun_cpu::rotary);
   m.impl("write_kv", &bulkrun_cpu::write_kv);
 }

@@ -42,7 +42,31 @@ struct Geometry {
   int64_t num_q_heads, num_kv_heads, group, block_size, max_blocks;
   int64_t q_stride_token, q_stride_head, out_stride_token, out_stride_head;
   float scale;
+  int64_t window;        // > 0: a query at p sees keys p - window + 1 .. p; 0: all keys up to p
+  float softcap;         // > 0: scores = softcap * tanh(scores / softcap)
+  const float* sinks;    // [Hq] logits joining each head's softmax denominator, or null
+
+  int64_t first_key(int64_t pos) const { return window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0; }
+  float sink(int64_t head) const { return sinks ? sinks[head] : -std::numeric_limits<float>::infinity(); }
+  bool plain() const { return window <= 0 && softcap <= 0.f && sinks == nullptr; }
 };
+
+// tanh(x) = 1 - 2 / (e^2x + 1): exact limits at both ends (vec_exp clamps, so no inf / inf)
+inline F16 vec_tanh(F16 x) { return 1.0f - 2.0f / (vec_exp(x * 2.0f) + 1.0f); }
+
+// Soft-capped scores (Gemma 2): cap * tanh(s / cap), in place; nothing when the cap is off.
+inline void cap_scores(F16* s, int64_t n, float cap) {
+  if (cap <= 0.f) return;
+  for (int64_t i = 0; i < n; ++i) s[i] = vec_tanh(s[i] * (1.0f / cap)) * cap;
+}
+
+// The lanes of a 16-key group (keys key0 .. key0+15) that a row seeing keys first .. last keeps;
+// the others become -inf (a probability of exactly 0).
+inline F16 mask_keys(F16 scores, int64_t key0, int64_t first, int64_t last) {
+  const I16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const int32_t lo = static_cast<int32_t>(first - key0), hi = static_cast<int32_t>(last - key0);
+  return (lane <= hi) & (lane >= lo) ? scores : splat(-std::numeric_limits<float>::infinity());
+}
 
 struct WorkItem {
   int32_t seq, q_begin, q_end;  // the tile: new tokens q_begin .. q_end-1 of the sequence
@@ -93,15 +117,18 @@ void with_row_count(int64_t n, F&& f) {
   f(std::integral_constant<int64_t, Max>{});
 }
 
-// One row's masked scores -> unnormalized probabilities in place; returns their sum. Only the first
-// `seen` groups hold keys the row sees; the rest (up to key_groups) become exact zeros.
-inline float softmax_row(F16* pr, int64_t seen, int64_t key_groups) {
+// One row's masked scores -> unnormalized probabilities in place; returns their sum. Only groups
+// begin .. seen-1 hold keys the row sees; the others (up to key_groups) become exact zeros. A sink
+// logit (-inf: none) joins the max and the sum but has no value row.
+inline float softmax_row(F16* pr, int64_t begin, int64_t seen, int64_t key_groups, float sink) {
+  for (int64_t kg = 0; kg < begin; ++kg) pr[kg] = F16{};
   for (int64_t kg = seen; kg < key_groups; ++kg) pr[kg] = F16{};
-  F16 m = pr[0];
-  for (int64_t kg = 1; kg < seen; ++kg) m = select_max(m, pr[kg]);
-  const float row_max = lane_max(m);
+  F16 m = pr[begin];
+  for (int64_t kg = begin + 1; kg < seen; ++kg) m = select_max(m, pr[kg]);
+  const float row_max = std::max(lane_max(m), sink);
   F16 sum = F16{};
-  for (int64_t kg = 0; kg < seen; ++kg) {
+  if (sink > -std::numeric_limits<float>::infinity()) sum[0] = vec_exp(sink - row_max);
+  for (int64_t kg = begin; kg < seen; ++kg) {
     // below e^-87 a probability is exactly 0: invisible next to the row's largest term (1), and
     // it keeps subnormal products (slow on most CPUs) out of the value sums
     const F16 shifted = pr[kg] - row_max;
@@ -154,8 +181,12 @@ void run_item(const WorkItem& w, const Geometry& g, const T* q, const T* k_cache
   const int64_t num_keys = first_pos + w.q_end;    // the tile's last token sees keys 0 .. num_keys-1
   const int64_t key_groups = (num_keys + kKeys - 1) / kKeys;
   // causal: row r sees only the key groups up to its own token's; the tile's later rows see more, so
-  // each pass skips the groups no row of its block sees (a prompt's tiles skip ~1 group in 8)
-  auto groups_seen = [&](int64_t r) { return (first_pos + w.q_begin + r / group) / kKeys + 1; };
+  // each pass skips the groups no row of its block sees (a prompt's tiles skip ~1 group in 8); with a
+  // window, the groups before row r's first key too (row 0's is the item's earliest)
+  auto row_pos = [&](int64_t r) { return first_pos + w.q_begin + r / group; };
+  auto groups_seen = [&](int64_t r) { return row_pos(r) / kKeys + 1; };
+  auto first_group = [&](int64_t r) { return g.first_key(row_pos(r)) / kKeys; };
+  const int64_t item_first_group = first_group(0);
 
   thread_local std::vector<F16> buffer;
   const int64_t padded_rows = (rows + kRowBlock - 1) / kRowBlock * kRowBlock;
@@ -164,7 +195,6 @@ void run_item(const WorkItem& w, const Geometry& g, const T* q, const T* k_cache
   F16* probs = q_rows + padded_rows * NV;   // [rows][key_groups]: scores, then probabilities
   F16* group_scores = probs + rows * key_groups;  // [rows]: one key group's scores
   std::vector<float> row_sum(rows);
-  const I16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   // + kv head * head_dim selects a head
   const int64_t* offsets = key_row_offsets(table, g.block_size, num_keys, key_stride);
   auto rows_of = [&](const T* cache, int64_t kvh, int64_t key0, int64_t n, const T** out_rows) {
@@ -185,7 +215,7 @@ void run_item(const WorkItem& w, const Geometry& g, const T* q, const T* k_cache
     constexpr int64_t R = decltype(rows_per_sweep)::value;
     F16 acc[R][NV] = {};
     const int64_t sweep_groups = groups_seen(r0 + R - 1);
-    for (int64_t kg = 0; kg < sweep_groups; ++kg) {
+    for (int64_t kg = first_group(r0); kg < sweep_groups; ++kg) {
       const int64_t key0 = kg * kKeys, n = std::min(kKeys, num_keys - key0);
       const T* values[kKeys];
       rows_of(v_cache, kvh, key0, n, values);
@@ -213,8 +243,8 @@ void run_item(const WorkItem& w, const Geometry& g, const T* q, const T* k_cache
         const T* src = q + (token0 + w.q_begin + i) * g.q_stride_token + (kvh * group + h) * g.q_stride_head;
         for (int c = 0; c < NV; ++c) q_rows[r * NV + c] = load16(src + 16 * c) * g.scale;
       }
-    // pass 1: scores, causally masked (a masked lane's probability is exactly 0)
-    for (int64_t kg = 0; kg < key_groups; ++kg) {
+    // pass 1: scores, masked (a masked lane's probability is exactly 0)
+    for (int64_t kg = item_first_group; kg < key_groups; ++kg) {
       const int64_t key0 = kg * kKeys;
       const int64_t n = std::min(kKeys, num_keys - key0);
       const T* keys[kKeys];
@@ -224,14 +254,13 @@ void run_item(const WorkItem& w, const Geometry& g, const T* q, const T* k_cache
       const int64_t first_token = std::max<int64_t>(0, key0 - first_pos - w.q_begin);
       const int64_t r_start = first_token * group / kRowBlock * kRowBlock;
       score_keys<NV>(q_rows + r_start * NV, rows - r_start, keys, n, group_scores + r_start);
-      for (int64_t r = r_start; r < rows; ++r) {
-        const int32_t last_visible = static_cast<int32_t>(first_pos + w.q_begin + r / group - key0);
-        probs[r * key_groups + kg] =
-            lane <= last_visible ? group_scores[r] : splat(-std::numeric_limits<float>::infinity());
-      }
+      cap_scores(group_scores + r_start, rows - r_start, g.softcap);
+      for (int64_t r = r_start; r < rows; ++r)
+        probs[r * key_groups + kg] = mask_keys(group_scores[r], key0, g.first_key(row_pos(r)), row_pos(r));
     }
     for (int64_t r = 0; r < rows; ++r)
-      row_sum[r] = softmax_row(probs + r * key_groups, groups_seen(r), key_groups);
+      row_sum[r] = softmax_row(probs + r * key_groups, first_group(r), groups_seen(r), key_groups,
+                               g.sink(kvh * group + r % group));
     // pass 2: out = probs . values, kSweepRows rows per sweep over the values
     for (int64_t r0 = 0; r0 < rows; r0 += kSweepRows)
       with_row_count<kSweepRows>(std::min(kSweepRows, rows - r0), [&](auto R) { weigh_values(R, r0, kvh); });
@@ -261,9 +290,11 @@ void run_item_few(const WorkItem& w, const Geometry& g, const T* q, const T* k_c
   F16* probs = acc + all_rows * NV;         // [heads * R][key_groups]
   F16* group_scores = probs + all_rows * key_groups;  // [R]
   std::vector<float> row_sum(all_rows);
-  const I16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   // + kv head * head_dim selects a head
   const int64_t* offsets = key_row_offsets(table, g.block_size, num_keys, key_stride);
+  auto row_pos = [&](int64_t r) { return first_pos + w.q_begin + r / group; };  // r: row within a kv head
+  // with a window, the key groups before the item's earliest first key are never read
+  const int64_t first_group = g.first_key(row_pos(0)) / kKeys;
   // the next group's whole key rows, into L2 (a burst of L1 prefetches stalls on L1's few miss
   // buffers: 0.97 ms a layer against 0.68 here), a share of the keys per kv head visited
   auto prefetch_rows = [&](const T* cache, int64_t key0, int64_t part, int64_t parts) {
@@ -272,33 +303,35 @@ void run_item_few(const WorkItem& w, const Geometry& g, const T* q, const T* k_c
       for (int64_t f = 0; f < key_stride; f += 16 * kVectorsPerLine<T>) prefetch_l2(cache + offsets[key0 + j] + f);
   };
 
-  prefetch_rows(k_cache, 0, 0, 1);  // the first group, while the queries are gathered
+  prefetch_rows(k_cache, first_group * kKeys, 0, 1);  // the first group, while the queries are gathered
   for (int64_t kvh = 0; kvh < heads; ++kvh)
     for (int64_t r = 0; r < R; ++r) {
       const int64_t token = w.q_begin + r / group, h = kvh * group + r % group;
       const T* src = q + (token0 + token) * g.q_stride_token + h * g.q_stride_head;
       for (int c = 0; c < NV; ++c) q_rows[(kvh * R + r) * NV + c] = load16(src + 16 * c) * g.scale;
     }
-  // pass 1: scores, causally masked
-  for (int64_t kg = 0; kg < key_groups; ++kg) {
+  // pass 1: scores, masked
+  for (int64_t kg = first_group; kg < key_groups; ++kg) {
     const int64_t key0 = kg * kKeys, n = std::min(kKeys, num_keys - key0);
     for (int64_t kvh = 0; kvh < heads; ++kvh) {
       // the next group of keys, or after the last one the first group of values
       if (kg + 1 < key_groups) prefetch_rows(k_cache, key0 + kKeys, kvh, heads);
-      else prefetch_rows(v_cache, 0, kvh, heads);
+      else prefetch_rows(v_cache, first_group * kKeys, kvh, heads);
       const T* keys[kKeys];
       for (int64_t j = 0; j < n; ++j) keys[j] = k_cache + offsets[key0 + j] + kvh * head_floats;
       score_keys_few<NV, R>(q_rows + kvh * R * NV, keys, n, group_scores);
-      for (int64_t r = 0; r < R; ++r) {
-        const int32_t last_visible = static_cast<int32_t>(first_pos + w.q_begin + r / group - key0);
+      cap_scores(group_scores, R, g.softcap);
+      for (int64_t r = 0; r < R; ++r)
         probs[(kvh * R + r) * key_groups + kg] =
-            lane <= last_visible ? group_scores[r] : splat(-std::numeric_limits<float>::infinity());
-      }
+            mask_keys(group_scores[r], key0, g.first_key(row_pos(r)), row_pos(r));
     }
   }
-  for (int64_t r = 0; r < all_rows; ++r) row_sum[r] = softmax_row(probs + r * key_groups, key_groups, key_groups);
+  for (int64_t kvh = 0; kvh < heads; ++kvh)
+    for (int64_t r = 0; r < R; ++r)
+      row_sum[kvh * R + r] = softmax_row(probs + (kvh * R + r) * key_groups, first_group, key_groups, key_groups,
+                                         g.sink(kvh * group + r % group));
   // pass 2: out = probs . values
-  for (int64_t kg = 0; kg < key_groups; ++kg) {
+  for (int64_t kg = first_group; kg < key_groups; ++kg) {
     const int64_t key0 = kg * kKeys, n = std::min(kKeys, num_keys - key0);
     for (int64_t kvh = 0; kvh < heads; ++kvh) {
       if (kg + 1 < key_groups) prefetch_rows(v_cache, key0 + kKeys, kvh, heads);
@@ -343,7 +376,7 @@ void run_item_best(const WorkItem& w, const Geometry& g, const T* q, const T* k,
                    const int32_t* table, int64_t token0, int64_t new_tokens, int64_t context, T* out) {
 #ifdef BULKRUN_AMX
   if constexpr (std::is_same_v<T, bf16> && NV % 2 == 0)
-    if (amx_ready()) return run_item_amx<NV>(w, g, q, k, v, table, token0, new_tokens, context, out);
+    if (g.plain() && amx_ready()) return run_item_amx<NV>(w, g, q, k, v, table, token0, new_tokens, context, out);
 #endif
   run_item<NV, T>(w, g, q, k, v, table, token0, new_tokens, context, out);
 }
@@ -395,7 +428,8 @@ bool attention_amx();
 
 void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& query_start_loc,
-                     const at::Tensor& seq_lens, double scale, at::Tensor& out) {
+                     const at::Tensor& seq_lens, double scale, int64_t window,
+                     const c10::optional<at::Tensor>& sinks, double softcap, at::Tensor& out) {
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "q must be float32 or bfloat16");
   TORCH_CHECK(k_cache.scalar_type() == dtype && v_cache.scalar_type() == dtype && out.scalar_type() == dtype,
@@ -420,8 +454,17 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   g.out_stride_token = out.stride(0);
   g.out_stride_head = out.stride(1);
   g.scale = static_cast<float>(scale);
+  TORCH_CHECK(window >= 0 && softcap >= 0, "window and softcap must be >= 0 (0: off)");
+  g.window = window;
+  g.softcap = static_cast<float>(softcap);
+  g.sinks = nullptr;
+  if (sinks.has_value()) {
+    TORCH_CHECK(sinks->scalar_type() == at::kFloat && sinks->is_contiguous() && sinks->numel() == g.num_q_heads,
+                "sinks must be a contiguous float32 tensor of one logit per query head");
+    g.sinks = sinks->data_ptr<float>();
+  }
 
-  const bool amx = dtype == at::kBFloat16 && head_dim % 32 == 0 && attention_amx();
+  const bool amx = dtype == at::kBFloat16 && head_dim % 32 == 0 && g.plain() && attention_amx();
   const int64_t tile_tokens = amx ? kAmxQueryTile : kQueryTile;
   const int64_t num_seqs = seq_lens.size(0);
   const int32_t* starts = query_start_loc.data_ptr<int32_t>();
@@ -437,7 +480,8 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
       TORCH_CHECK(row[b] >= 0 && row[b] < k_cache.size(0), "block id ", row[b], " is outside the cache");
     for (int32_t q0 = 0; q0 < n; q0 += tile_tokens) {
       const int32_t q1 = std::min<int32_t>(n, q0 + tile_tokens);
-      items.push_back({static_cast<int32_t>(s), q0, q1, int64_t(q1 - q0) * (lens[s] - n + q1)});
+      const int64_t keys = lens[s] - n + q1;  // a window bounds the keys the tile reads
+      items.push_back({static_cast<int32_t>(s), q0, q1, int64_t(q1 - q0) * (window > 0 ? std::min<int64_t>(keys, window + q1 - q0) : keys)});
     }
   }
   std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 from helpers.models import make_tiny_model
+from typer.testing import CliRunner
 
-from bulkrun.cli import main
+from bulkrun.cli import app
 
 
 @pytest.fixture(scope="session")
@@ -16,12 +17,12 @@ def cli_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def bulkrun(capsys):
-    """bulkrun(*args) -> (exit code, stdout, stderr), run in-process like the console script."""
+def bulkrun():
+    """bulkrun(*args) -> (exit code, stdout, stderr), run in-process through typer's CliRunner."""
+    runner = CliRunner()
 
     def run(*args: str) -> tuple[int, str, str]:
-        code = main([str(a) for a in args])
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
+        result = runner.invoke(app, [str(a) for a in args], prog_name="bulkrun", catch_exceptions=False)
+        return result.exit_code, result.stdout, result.stderr
 
     return run

@@ -15,7 +15,7 @@ from helpers.rows import read_jsonl, write_jsonl
 
 from bulkrun.exceptions import EXIT_OK, EXIT_ROW_ERRORS, EXIT_USAGE
 
-ENGINE = ["--kv-cache-mem", "16MiB", "--quiet", "--no-chat-template"]
+ENGINE = ["--kv-cache-bytes", "16MiB", "--quiet", "--no-chat-template"]
 CHOICES = "yes,no,maybe"
 # cannot compile: llguidance refuses "not" (the grammar engine rejects what it cannot enforce)
 UNCOMPILABLE = {"type": "object", "patternProperties": {"^a": {}}, "not": {}}
@@ -223,7 +223,7 @@ def test_a_killed_constrained_job_resumes_to_the_same_records(run, cli_model, tm
     data = rows(12)
     path = write_jsonl(tmp_path / "in.jsonl", data)
     flags = ["--choice", CHOICES, "--temperature", "1.0", "--seed", "5", "--n", "2", "--max-tokens", "6",
-             "--checkpoint-every", "3", "--window", "4", "--max-seqs", "2"]  # fmt: skip
+             "--checkpoint-every", "3", "--window", "4", "--max-num-seqs", "2"]  # fmt: skip
     code, _, whole = run(path, *flags, out="whole")
     assert code == EXIT_OK
     out, marker = tmp_path / "killed", tmp_path / "marker"

@@ -15,7 +15,7 @@ from bulkrun.exceptions import EXIT_OK
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
-ENGINE = ["--kv-cache-mem", "256MiB", "--quiet"]
+ENGINE = ["--kv-cache-bytes", "256MiB", "--quiet"]
 QUESTIONS = ["What is the capital of France?", "Name three colours.", "Wie spät ist es?", "def add(a, b):"]
 
 

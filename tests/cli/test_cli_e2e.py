@@ -47,7 +47,15 @@ def test_each_input_format_gives_the_same_results_in_input_order(bulkrun, tmp_pa
 def test_length_sorting_and_windows_do_not_change_greedy_results(bulkrun, tmp_path, cli_model):
     path = write_jsonl(tmp_path / "in.jsonl", ROWS)
     bulkrun("generate", path, "--out", tmp_path / "a", "--window", "3", *_common(cli_model))
-    bulkrun("generate", path, "--out", tmp_path / "b", "--no-sort", "--no-prefix-cache", *_common(cli_model))
+    bulkrun(
+        "generate",
+        path,
+        "--out",
+        tmp_path / "b",
+        "--no-sort",
+        "--no-enable-prefix-caching",
+        *_common(cli_model),
+    )
     assert read_jsonl(tmp_path / "a" / "results.jsonl") == read_jsonl(tmp_path / "b" / "results.jsonl")
 
 
@@ -73,7 +81,7 @@ def test_run_a_spec_with_overrides_then_status_and_export(bulkrun, tmp_path, cli
     spec = tmp_path / "job.toml"
     spec.write_text(
         f'task = "summarize"\ninput = "{path}"\nout = "{tmp_path / "out"}"\nmodel = "{cli_model}"\n'
-        'max_tokens = 50\ninstruction = "Shorten:"\nquiet = true\nkv-cache-mem = "16MiB"\n'
+        'max_tokens = 50\ninstruction = "Shorten:"\nquiet = true\nkv-cache-bytes = "16MiB"\n'
     )
     code, _, _ = bulkrun("run", spec, "--max-tokens", "5", "--set", 'instruction="Shorten this:"')
     assert code == EXIT_OK

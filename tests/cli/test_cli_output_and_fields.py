@@ -22,7 +22,7 @@ ROWS = texts(12) + [{"id": "bad", "text": None}]  # one error record: the error 
 
 def _args(model, out) -> list:
     return ["--out", out, "--model", model, "--id-field", "id", "--max-tokens", "4", "--quiet",
-            "--checkpoint-every", "4", *ENGINE_FLAGS, "--max-seqs", "2"]  # fmt: skip
+            "--checkpoint-every", "4", *ENGINE_FLAGS, "--max-num-seqs", "2"]  # fmt: skip
 
 
 class _FailingOs:

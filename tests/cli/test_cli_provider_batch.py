@@ -1,4 +1,4 @@
-"""export-batch then import-batch, through the CLI: the provider's result files (built here in each
+"""`batch prepare` then `batch collect`, through the CLI: the provider's result files (built here in each
 provider's documented format, errors and expirations included) become the same results layout as a
 local run of the job; status, export and a plain rerun treat the imported shards as a run's."""
 
@@ -38,7 +38,7 @@ def job(tmp_path, cli_model):
 def export(bulkrun, job, out, provider):
     source, flags = job
     code, _, err = bulkrun(
-        "export-batch", source, *flags, "--out", out, "--provider", provider, "--provider-model", "m-1"
+        "batch", "prepare", source, *flags, "--out", out, "--provider", provider, "--provider-model", "m-1"
     )
     assert code == 0, err
     return [obj for path in sorted((out / "batch").glob(f"{provider}-*.jsonl")) for obj in lines(path)]
@@ -67,9 +67,11 @@ def test_openai_export_then_import_gives_a_local_runs_layout(bulkrun, tmp_path, 
     failed = write_lines(
         tmp_path / "errors.jsonl", [openai_error_line(sent[-1]["custom_id"], "batch_expired")]
     )
-    code, _, err = bulkrun("import-batch", tmp_path / "batch", output, failed)
+    code, _, err = bulkrun("batch", "collect", tmp_path / "batch", output, failed)
     assert code == EXIT_INCOMPLETE, err  # an expired request is no error record: its row stays to do
-    code, _, err = bulkrun("import-batch", tmp_path / "batch", write_lines(tmp_path / "late.jsonl", ok[-1:]))
+    code, _, err = bulkrun(
+        "batch", "collect", tmp_path / "batch", write_lines(tmp_path / "late.jsonl", ok[-1:])
+    )
     assert code == EXIT_ROW_ERRORS, err  # complete: the final files are written, as after a local run
     imported = read_jsonl(tmp_path / "batch" / "results.jsonl")
     assert [list(r) for r in imported] == [list(r) for r in results]
@@ -84,9 +86,9 @@ def test_openai_export_then_import_gives_a_local_runs_layout(bulkrun, tmp_path, 
 def test_importing_a_file_twice_adds_nothing(bulkrun, tmp_path, job):
     sent = export(bulkrun, job, tmp_path / "out", "openai")
     output = write_lines(tmp_path / "output.jsonl", [openai_ok(o["custom_id"], ["hi"]) for o in sent[:3]])
-    assert bulkrun("import-batch", tmp_path / "out", output)[0] == EXIT_INCOMPLETE
+    assert bulkrun("batch", "collect", tmp_path / "out", output)[0] == EXIT_INCOMPLETE
     shards = shard_paths(tmp_path / "out" / RESULTS_DIR)
-    code, out, _ = bulkrun("import-batch", tmp_path / "out", output, "--json")
+    code, out, _ = bulkrun("batch", "collect", tmp_path / "out", output, "--json")
     report = json.loads(out)
     assert code == EXIT_INCOMPLETE and report["results"] == 0 and report["already_done"] == 3
     assert shard_paths(tmp_path / "out" / RESULTS_DIR) == shards
@@ -95,7 +97,7 @@ def test_importing_a_file_twice_adds_nothing(bulkrun, tmp_path, job):
 def test_a_result_for_an_unknown_id_is_an_error_naming_it_and_commits_nothing(bulkrun, tmp_path, job):
     sent = export(bulkrun, job, tmp_path / "out", "openai")
     objs = [openai_ok(o["custom_id"], ["hi"]) for o in sent] + [openai_ok("stranger-7", ["hi"])]
-    code, _, err = bulkrun("import-batch", tmp_path / "out", write_lines(tmp_path / "o.jsonl", objs))
+    code, _, err = bulkrun("batch", "collect", tmp_path / "out", write_lines(tmp_path / "o.jsonl", objs))
     assert code == EXIT_INPUT and "stranger-7" in err and "Traceback" not in err
     assert shard_paths(tmp_path / "out" / RESULTS_DIR) == []
 
@@ -110,7 +112,7 @@ def test_anthropic_expired_and_errored_requests_then_a_local_rerun_finishes(bulk
     expired = {"custom_id": ids[0], "result": {"type": "expired"}}
     objs = [expired, anthropic_errored(ids[1], "invalid_request_error")]
     objs += [anthropic_ok(cid, "ok") for cid in ids[2:]]
-    code, _, err = bulkrun("import-batch", out, write_lines(tmp_path / "results.jsonl", objs))
+    code, _, err = bulkrun("batch", "collect", out, write_lines(tmp_path / "results.jsonl", objs))
     assert code == EXIT_INCOMPLETE, err
     code, status, _ = bulkrun("status", out, "--json")
     assert json.loads(status)["remaining"] == 1  # the expired row: never an error record
@@ -128,7 +130,7 @@ def test_anthropic_expired_and_errored_requests_then_a_local_rerun_finishes(bulk
 def test_classify_cannot_go_to_a_provider_batch(bulkrun, tmp_path, job):
     source, flags = job
     code, _, err = bulkrun(
-        "export-batch", source, *flags, "--task", "classify", "--set", "labels=['a','b']",
+        "batch", "prepare", source, *flags, "--task", "classify", "--set", "labels=['a','b']",
         "--out", tmp_path / "o", "--provider", "openai", "--provider-model", "m",
     )  # fmt: skip
     assert code == EXIT_USAGE and "locally" in err
@@ -137,7 +139,7 @@ def test_classify_cannot_go_to_a_provider_batch(bulkrun, tmp_path, job):
 def test_an_option_the_provider_cannot_honour_stops_before_any_file(bulkrun, tmp_path, job):
     source, flags = job
     code, _, err = bulkrun(
-        "export-batch", source, *flags, "--top-k", "5", "--out", tmp_path / "o",
+        "batch", "prepare", source, *flags, "--top-k", "5", "--out", tmp_path / "o",
         "--provider", "openai", "--provider-model", "m",
     )  # fmt: skip
     assert code == EXIT_USAGE and "top_k" in err
@@ -153,14 +155,14 @@ def test_openai_batch_input_keeps_its_rows_sampling_and_a_local_runs_columns(bul
     flags = ["--model", cli_model, "--quiet", *ENGINE_FLAGS]
     assert bulkrun("generate", source, *flags, "--out", tmp_path / "local")[0] == 0
     code, _, err = bulkrun(
-        "export-batch", source, *flags, "--out", tmp_path / "out", "--provider", "anthropic",
+        "batch", "prepare", source, *flags, "--out", tmp_path / "out", "--provider", "anthropic",
         "--provider-model", "m",
     )  # fmt: skip
     assert code == 0, err
     sent = lines(tmp_path / "out" / "batch" / "anthropic-00001.jsonl")
     assert [o["params"]["max_tokens"] for o in sent] == [2, 3, 4]
     results = write_lines(tmp_path / "r.jsonl", [anthropic_ok(o["custom_id"], "ok") for o in sent])
-    assert bulkrun("import-batch", tmp_path / "out", results)[0] == 0
+    assert bulkrun("batch", "collect", tmp_path / "out", results)[0] == 0
     local = read_jsonl(tmp_path / "local" / "results.jsonl")
     imported = read_jsonl(tmp_path / "out" / "results.jsonl")
     assert [list(r) for r in imported] == [list(r) for r in local]
@@ -180,7 +182,7 @@ def test_a_json_schema_job_imports_with_its_json_column_and_invalid_outputs_as_e
     )
     out = tmp_path / "out"
     code, _, err = bulkrun(
-        "export-batch", source, *flags, "--json-schema", schema, "--out", out,
+        "batch", "prepare", source, *flags, "--json-schema", schema, "--out", out,
         "--provider", "openai", "--provider-model", "m-1",
     )  # fmt: skip
     assert code == 0, err
@@ -189,7 +191,7 @@ def test_a_json_schema_job_imports_with_its_json_column_and_invalid_outputs_as_e
     good, bad = sent[0]["custom_id"], sent[1]["custom_id"]
     answers = [openai_ok(o["custom_id"], ['{"n": 1}']) for o in sent if o["custom_id"] != bad]
     answers.append(openai_ok(bad, ['{"n": "one"}']))
-    code, _, err = bulkrun("import-batch", out, write_lines(tmp_path / "r.jsonl", answers))
+    code, _, err = bulkrun("batch", "collect", out, write_lines(tmp_path / "r.jsonl", answers))
     assert code == EXIT_ROW_ERRORS, err
     by_id = {r["id"]: r for r in read_jsonl(out / "results.jsonl")}
     assert json.loads(by_id[good]["json"]) == {"n": 1}

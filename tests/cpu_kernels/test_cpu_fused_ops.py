@@ -1,4 +1,5 @@
-"""The CPU native small ops against the PyTorch reference: write_kv, rms_norm, rotary, silu_and_mul."""
+"""The CPU native small ops against the PyTorch reference: write_kv, rms_norm, rotary, silu_and_mul,
+gelu_tanh_and_mul."""
 
 from __future__ import annotations
 
@@ -74,6 +75,16 @@ def test_silu_and_mul(rows):
     torch.testing.assert_close(cpu_ops.silu_and_mul(x), reference.silu_and_mul(x), atol=1e-5, rtol=1e-5)
     out = torch.empty(rows, 200)
     assert cpu_ops.silu_and_mul(x, out=out) is out
+
+
+@pytest.mark.parametrize("rows", [1, 17, 300])
+def test_gelu_tanh_and_mul(rows):
+    x = randn(rows, 2 * 200) * 6  # both tails of the tanh, and gates near 0
+    # against float64: torch's fp32 0.5 g (1 + tanh) cancels in the negative tail, ours does not
+    want = reference.gelu_tanh_and_mul(x.double()).float()
+    torch.testing.assert_close(cpu_ops.gelu_tanh_and_mul(x), want, atol=1e-6, rtol=1e-5)
+    out = torch.empty(rows, 200)
+    assert cpu_ops.gelu_tanh_and_mul(x, out=out) is out
 
 
 def test_float16_goes_to_the_reference():

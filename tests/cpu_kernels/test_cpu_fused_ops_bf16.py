@@ -84,3 +84,9 @@ def test_silu_and_mul(rows):
     _close_to_fp32(cpu_ops.silu_and_mul(x), reference.silu_and_mul(x.float()))
     out = torch.empty(rows, 200, dtype=BF16)
     assert cpu_ops.silu_and_mul(x, out=out) is out
+
+
+@pytest.mark.parametrize("rows", [1, 17, 300])
+def test_gelu_tanh_and_mul(rows):
+    x = (randn(rows, 2 * 200) * 6).to(BF16)
+    _close_to_fp32(cpu_ops.gelu_tanh_and_mul(x), reference.gelu_tanh_and_mul(x.float()))

@@ -1,12 +1,13 @@
-"""--ray [ADDRESS] / --workers / --shard: parsing and conflicts, before any work is done."""
+"""--ray / --ray-address ADDRESS / --workers / --shard: parsing and conflicts, before any work is done."""
 
 from __future__ import annotations
 
-import click
 import pytest
+import typer
+from typer.testing import CliRunner
 
 from bulkrun.cli import main
-from bulkrun.cli.options import DIST_OPTIONS, options
+from bulkrun.cli import options as opt
 from bulkrun.distributed.options import RAY_DEFAULT, check_exec_options, ray_address
 from bulkrun.exceptions import EXIT_USAGE, UsageError
 
@@ -16,31 +17,36 @@ from bulkrun.exceptions import EXIT_USAGE, UsageError
     [
         (["--ray"], RAY_DEFAULT),
         (["--ray", "--workers", "2"], RAY_DEFAULT),
-        (["--ray", "ray://head:10001"], "ray://head:10001"),
-        (["--ray", "10.0.0.5:6379"], "10.0.0.5:6379"),
-        (["--ray", "auto"], "auto"),
-        (["--ray=local"], "local"),
+        (["--ray-address", "ray://head:10001"], "ray://head:10001"),
+        (["--ray-address", "10.0.0.5:6379"], "10.0.0.5:6379"),
+        (["--ray", "--ray-address", "auto"], "auto"),
+        (["--ray-address=local"], "local"),
         ([], None),
     ],
 )
-def test_ray_option_takes_an_optional_address(argv, expected):
-    """What the command line hands the job spec for `--ray [ADDRESS]` (click's optional value)."""
+def test_ray_options_give_the_spec_its_ray_value(argv, expected):
+    """What the command line hands the job spec for `--ray` and `--ray-address ADDRESS`."""
     seen = {}
+    app = typer.Typer()
 
-    @click.command()
-    @options(DIST_OPTIONS)
-    def command(opts):
-        seen.update(opts)
+    @app.command()
+    def command(
+        ctx: typer.Context,
+        ray: opt.Ray = None,
+        ray_address: opt.RayAddress = None,
+        workers: opt.Workers = None,
+    ):
+        seen.update(opt.spec_values(ctx))
 
-    command.main(argv, standalone_mode=False)
+    assert CliRunner().invoke(app, argv).exit_code == 0
     assert seen.get("ray") == expected
 
 
-def test_a_bare_ray_before_the_input_is_refused_with_one_line(capsys):
-    """`--ray tickets.jsonl` would take the file as the address: exit 2 before any work, saying so."""
-    assert main(["generate", "--ray", "tickets.jsonl"]) == EXIT_USAGE
+def test_a_bad_ray_address_is_refused_with_one_line(capsys):
+    """A --ray-address that is no address (here an input file's name): exit 2 before any work."""
+    assert main(["generate", "--ray-address", "tickets.jsonl", "in.jsonl"]) == EXIT_USAGE
     err = capsys.readouterr().err
-    assert "not a Ray address" in err and "--ray=ADDRESS" in err and "Traceback" not in err
+    assert "not a Ray address" in err and "Traceback" not in err
 
 
 def test_ray_address_maps_the_default_to_rays_own_choice():

@@ -44,7 +44,7 @@ def test_a_worker_killed_mid_slice_loses_nothing(ray_cluster, tiny_job, referenc
     source, args = tiny_job
     out = tmp_path / "out"
     # One sequence at a time: items finish (and shards commit) one by one, not all in one step.
-    values = spec_values(source, args, str(out), ray="default", workers=2, max_seqs=1)
+    values = spec_values(source, args, str(out), ray="default", workers=2, max_num_seqs=1)
     spec = build_spec([("test", values)])
     killed: list[Partition] = []
 
@@ -67,7 +67,7 @@ def test_rerun_after_the_driver_is_killed_resumes(ray_cluster, tiny_job, referen
     source, args = tiny_job
     out = tmp_path / "out"
     address = ray_cluster.get_runtime_context().gcs_address
-    values = spec_values(source, args, str(out), ray=address, workers=2, max_seqs=1)
+    values = spec_values(source, args, str(out), ray=address, workers=2, max_num_seqs=1)
     here = str(Path(__file__).parent.parent)  # tests/: the helpers package
     script = (  # a driver in its own process, joined to the test's cluster, with slowed workers
         "import json, sys, ray; from bulkrun.job.spec import build_spec;"

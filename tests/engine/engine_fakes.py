@@ -100,18 +100,19 @@ class FakeRunner:
                 result.sampled[req.request_id] = token
                 if req.params.logprobs:
                     result.sampled_logprobs[req.request_id] = sampled_logprob(ids, token)
-            if req.score_start is not None:
+            state = req.scoring
+            if state is not None and state.score_start is not None:
                 ids = req.token_ids
-                first = max(start, req.score_start - 1)
+                first = max(start, state.score_start - 1)
                 scores = [
                     score_logprob(ids[: p + 1], ids[p + 1]) for p in range(first, min(end, len(ids) - 1))
                 ]
                 if scores:
                     result.score_logprobs[req.request_id] = scores
-            if req.first_token_ids is not None and end == len(req.token_ids):
+            if state is not None and state.first_token_ids is not None and end == len(req.token_ids):
                 prefix = req.token_ids
                 result.first_token_logprobs[req.request_id] = [
-                    score_logprob(prefix, t) for t in req.first_token_ids
+                    score_logprob(prefix, t) for t in state.first_token_ids
                 ]
         self.steps.append(record)
         self.last_sampled = dict(result.sampled)

@@ -75,9 +75,7 @@ def test_constrained_outputs_are_all_valid_and_free_rows_unchanged(engine, tempe
 def test_async_scheduling_gives_the_same_tokens(engine):
     from bulkrun.model_source import resolve_model
 
-    pipelined = load_engine(
-        str(resolve_model(None)), EngineConfig(async_scheduling=True, dtype="float32")
-    )
+    pipelined = load_engine(str(resolve_model(None)), EngineConfig(async_scheduling=True, dtype="float32"))
     assert pipelined.async_scheduling
     requests = constrained_requests(engine, 1.0, 3) + free_requests(engine)
     want = {o.request_id: o.output_token_ids for o in engine.generate(requests)}

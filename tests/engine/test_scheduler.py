@@ -212,8 +212,8 @@ def test_scoring_parent_computes_the_whole_prompt_and_forks_only_longer_continua
         parent = sched.add_request(EngineRequest("p", prompt, continuations=conts))
         out, finished = step(sched, runner)
         assert chunks(out) == [("p", 10, False)] and finished == []
-        assert parent.first_token_logprobs == [score_logprob(prompt, c[0]) for c in conts]
-        assert [c.request_id for c in parent.children] == ["p::cont1", "p::cont2"]
+        assert parent.scoring.first_token_logprobs == [score_logprob(prompt, c[0]) for c in conts]
+        assert [c.request_id for c in parent.scoring.children] == ["p::cont1", "p::cont2"]
         assert parent.status is RequestStatus.FORKED
         out, finished = step(sched, runner)
         # each child recomputes the partial block (2 tokens) and its continuation but the last
@@ -230,7 +230,7 @@ def test_single_token_continuations_cost_a_prompt_and_fork_nothing(make_schedule
     parent = sched.add_request(EngineRequest("p", prompt, continuations=conts))
     out, finished = step(sched, runner)
     assert chunks(out) == [("p", 10, False)] and finished == [parent]
-    assert parent.children == [] and parent.finish_reason == "scored"
+    assert parent.scoring.children == [] and parent.finish_reason == "scored"
     assert parent.continuation_logprobs() == [reference_scores(prompt, c) for c in conts]
     assert not sched.has_unfinished() and runner.pool.num_used_blocks == 0
     assert not sched._live_ids
@@ -256,11 +256,11 @@ def test_scoring_fork_holds_shared_full_blocks_by_refcount(make_scheduler):
     prompt = list(range(1, 11))
     parent = sched.add_request(EngineRequest("p", prompt, continuations=[[40, 1], [41, 2], [42]]))
     step(sched, runner)  # parent computes the whole prompt, then forks two children
-    a, b = parent.children
+    a, b = parent.scoring.children
     assert a.block_table == b.block_table and len(a.block_table) == 2
     assert all(runner.pool.ref_counts[blk] == 2 for blk in a.block_table)
     assert runner.pool.num_used_blocks == 2  # the parent's partial block went back
-    assert a.num_computed_tokens == 8 and a.score_start == 11
+    assert a.num_computed_tokens == 8 and a.scoring.score_start == 11
     run_to_completion(sched, runner)
     assert parent.continuation_logprobs() == [reference_scores(prompt, c) for c in ([40, 1], [41, 2], [42])]
 
@@ -304,7 +304,7 @@ def test_preempted_scoring_child_recomputes_and_scores_the_same(make_scheduler):
     prompt, conts = [5, 6, 7, 8, 9], [[40, 41, 42, 43, 44, 45, 46, 47], [45]]
     parent = sched.add_request(EngineRequest("p", prompt, continuations=conts))
     finished = run_to_completion(sched, runner)
-    (child,) = parent.children
+    (child,) = parent.scoring.children
     assert child.num_preemptions > 0 and sorted(r.request_id for r in finished) == ["g", "p"]
     assert g.output_token_ids == reference_generation([1, 2, 3], 12)
     assert parent.continuation_logprobs() == [reference_scores(prompt, c) for c in conts]
@@ -359,13 +359,10 @@ def test_random_workload_under_memory_pressure_matches_reference(make_scheduler)
                 sched.add_request(gen(f"g{i}", prompt, max_tokens=n))
                 expected[f"g{i}"] = reference_generation(prompt, n)
         finished = run_to_completion(sched, runner)
-        got = {
-            r.request_id: r.continuation_logprobs() if r.first_token_ids else r.output_token_ids
-            for r in finished
-        }
+        got = {r.request_id: r.continuation_logprobs() if r.scoring else r.output_token_ids for r in finished}
         assert got == expected
         assert sched.num_preemptions > 0  # the pool really was too small
-        parents = [r for r in finished if r.first_token_ids]
+        parents = [r for r in finished if r.scoring]
         assert any(p.num_preemptions for p in parents)  # a parent recomputed its prompt
         assert runner.pool.num_used_blocks == 0
         assert not sched._live_ids

@@ -11,8 +11,8 @@ from pathlib import Path
 
 # Small engine settings so a test allocates megabytes, not a free-memory-sized KV cache.
 # float32: outputs are compared token for token with transformers' fp32
-ENGINE_FLAGS = ["--dtype", "float32", "--kv-cache-mem", "16MiB", "--max-seqs", "16",
-                "--max-batch-tokens", "512"]  # fmt: skip
+ENGINE_FLAGS = ["--dtype", "float32", "--kv-cache-bytes", "16MiB", "--max-num-seqs", "16",
+                "--max-num-batched-tokens", "512"]  # fmt: skip
 
 SPECIALS = ["<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
 CHAT_TEMPLATE = (

@@ -6,7 +6,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from bulkrun.io.shards import RESULTS_DIR, shard_paths, shard_rows
+from bulkrun.io.shards import ERRORS_DIR, RESULTS_DIR, shard_paths, shard_rows
 
 
 def write_jsonl(path: Path, rows: list) -> Path:
@@ -41,6 +41,16 @@ def read_results(out: Path) -> list[dict]:
 def committed_rows(out: Path) -> list[int]:
     """Rows of every committed result shard, duplicates included."""
     return [row for path in shard_paths(Path(out) / RESULTS_DIR) for row in shard_rows(path)]
+
+
+def recorded_rows(out: Path) -> list[int]:
+    """Rows of every committed result and error shard, duplicates included."""
+    return [
+        row
+        for sub in (RESULTS_DIR, ERRORS_DIR)
+        for path in shard_paths(Path(out) / sub)
+        for row in shard_rows(path)
+    ]
 
 
 def duplicated_rows(out: Path) -> list[int]:

@@ -12,8 +12,8 @@ import textwrap
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
-from helpers.rows import read_jsonl, texts, write_jsonl
+from helpers.processes import start_until_marker
+from helpers.rows import read_jsonl, recorded_rows, texts, write_jsonl
 
 from bulkrun.cli import main
 
@@ -21,7 +21,7 @@ N_ROWS = 24
 ROWS = texts(N_ROWS)
 ROWS[7] = {"id": "r7", "text": ""}  # an error record is committed exactly once too
 FLAGS = ["--id-field", "id", "--max-tokens", "6", "--checkpoint-every", "3", "--window", "6",
-         "--max-seqs", "2", "--kv-cache-mem", "16MiB", "--quiet"]  # fmt: skip
+         "--max-num-seqs", "2", "--kv-cache-bytes", "16MiB", "--quiet"]  # fmt: skip
 
 
 # The kill points are drawn from a fixed seed, so a failure is reproducible; set BULKRUN_KILL_SEED to
@@ -50,15 +50,6 @@ PAUSE_AFTER_FIRST_SHARD = textwrap.dedent("""
 
 def _args(path: Path, out: Path, model: Path) -> list[str]:
     return ["generate", str(path), "--out", str(out), "--model", str(model), *FLAGS]
-
-
-def _committed_rows(out: Path) -> list[int]:
-    return [
-        row
-        for sub in ("shards", "errors")
-        for shard in sorted((out / sub).glob("*.parquet"))
-        for row in pq.read_table(shard, columns=["row"])["row"].to_pylist()
-    ]
 
 
 def _reached(out: Path, stage: int) -> bool:
@@ -100,13 +91,13 @@ def test_resume_after_kill_9_is_exactly_once(tmp_path, tiny_model):
         out = tmp_path / f"trial{trial}"
         for stage, delay in kills:
             _start_and_kill(_args(path, out, tiny_model), out, stage, delay)
-            rows = _committed_rows(out)
+            rows = recorded_rows(out)
             assert len(rows) == len(set(rows)), f"seed {seed}: a row committed twice"
             cut_mid_job += 0 < len(rows) < N_ROWS
         assert main(_args(path, out, tiny_model)) == 3, f"seed {seed}"  # resumes; the stale lock is taken
         assert read_jsonl(out / "results.jsonl") == clean_results, f"seed {seed}"
         assert read_jsonl(out / "errors.jsonl") == clean_errors, f"seed {seed}"
-        rows = _committed_rows(out)
+        rows = recorded_rows(out)
         assert sorted(rows) == list(range(N_ROWS)), f"seed {seed}"
     assert cut_mid_job, "no kill landed between two commits: the test did not test resume"
 
@@ -115,21 +106,14 @@ def test_sigterm_mid_job_commits_what_is_finished_and_exits_130(tmp_path, tiny_m
     path = write_jsonl(tmp_path / "in.jsonl", ROWS)
     out, marker = tmp_path / "out", tmp_path / "first-shard-committed"
     with open(tmp_path / "stderr", "w") as stderr:  # a file, not a pipe nobody reads while it runs
-        proc = subprocess.Popen(
-            [sys.executable, "-c", PAUSE_AFTER_FIRST_SHARD, str(marker), *_args(path, out, tiny_model)],
-            stdout=subprocess.DEVNULL, stderr=stderr,
-        )  # fmt: skip
-        deadline = time.monotonic() + 120
-        while proc.poll() is None and time.monotonic() < deadline and not marker.exists():
-            time.sleep(0.01)
-        assert marker.exists(), f"the run never committed a shard (exit {proc.poll()})"
+        proc = start_until_marker(PAUSE_AFTER_FIRST_SHARD, marker, _args(path, out, tiny_model), stderr)
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
     err = (tmp_path / "stderr").read_text()
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
     assert not (out / "lock").exists()  # released on the way out
-    rows = _committed_rows(out)
+    rows = recorded_rows(out)
     assert 0 < len(rows) < N_ROWS and len(rows) == len(set(rows))  # kept what was finished, mid-job
     assert main(_args(path, out, tiny_model)) == 3
-    assert sorted(_committed_rows(out)) == list(range(N_ROWS))
+    assert sorted(recorded_rows(out)) == list(range(N_ROWS))

@@ -154,7 +154,7 @@ def test_engine_knobs_and_window_may_change_on_resume(tmp_path, run_fake):
     path = write_jsonl(tmp_path / "in.jsonl", texts(5))
     out = str(tmp_path / "out")
     run_fake(input=str(path), out=out, window=2)
-    report = run_fake(input=str(path), out=out, window=64, max_seqs=4, checkpoint_every="1s")
+    report = run_fake(input=str(path), out=out, window=64, max_num_seqs=4, checkpoint_every="1s")
     assert report["complete"]
 
 

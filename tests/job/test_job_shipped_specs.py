@@ -9,8 +9,8 @@ from helpers.fake_engine import FakeEngine
 
 from bulkrun.job.constraints import job_constraint
 from bulkrun.job.runner import run_job
-from bulkrun.job.session import build_task
 from bulkrun.job.spec import spec_from_file
+from bulkrun.job.validate import build_task
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = sorted((ROOT / "jobs").glob("*.toml"))

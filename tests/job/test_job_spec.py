@@ -49,7 +49,7 @@ def test_unknown_key_is_named_with_a_suggestion(tmp_path):
         ('input = "a.jsonl"\n[sampling]\ntemperature = 1\n', "is a table"),
         ('input = "a.jsonl"\ntemperature = -1\n', "temperature must be >= 0"),
         ('input = "a.jsonl"\ncheckpoint_every = "soon"\n', "checkpoint-every"),
-        ('input = "a.jsonl"\nkv_cache_mem = "lots"\n', "invalid size"),
+        ('input = "a.jsonl"\nkv_cache_bytes = "lots"\n', "invalid size"),
         ('input = "a.jsonl"\nprompt_template = "{a.b}"\n', "plain"),
         ('input = "a.jsonl"\nshard = "4/4"\n', "shard"),
         ('input = "a.jsonl"\nkernels = "cutlass"\n', "unknown kernel backend 'cutlass'"),
@@ -70,7 +70,7 @@ def test_missing_spec_file_and_missing_input(tmp_path):
 
 
 def test_result_options_leave_out_mechanics():
-    a = build_spec([("x", {"input": "a", "window": 10, "max_seqs": 4, "temperature": 0.5})])
+    a = build_spec([("x", {"input": "a", "window": 10, "max_num_seqs": 4, "temperature": 0.5})])
     b = build_spec([("x", {"input": "b", "window": 99, "kernels": "reference", "temperature": 0.5})])
     from bulkrun.tasks.generate import GenerateTask
 

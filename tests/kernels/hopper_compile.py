@@ -76,7 +76,7 @@ class Recorder:
         return record
 
 
-def attention_step(num_tokens, num_seqs, hq, hkv, d, dtype, table_width, num_partitions=None):
+def attention_step(num_tokens, num_seqs, hq, hkv, d, dtype, table_width, num_partitions=None, **extras):
     """One attention call with a runner-like batch: the block table's width and batch size vary."""
     q = torch.zeros(num_tokens, hq, d, dtype=dtype)
     cache = torch.zeros(8, 16, hkv, d, dtype=dtype)
@@ -84,7 +84,7 @@ def attention_step(num_tokens, num_seqs, hq, hkv, d, dtype, table_width, num_par
     qsl = torch.zeros(num_seqs + 1, dtype=torch.int32)
     seq_lens = torch.zeros(num_seqs, dtype=torch.int32)
     paged_attention.paged_attention(
-        q, cache, cache, tables, qsl, seq_lens, 0.1, num_partitions=num_partitions
+        q, cache, cache, tables, qsl, seq_lens, 0.1, num_partitions=num_partitions, **extras
     )
 
 
@@ -100,6 +100,7 @@ def model_step(num_tokens, hidden=2048, hq=32, hkv=8, d=64, inter=8192, dtype=to
     cache = torch.zeros(8, 16, hkv, d, dtype=dtype)
     kv_write.write_kv(k, v, cache, cache, torch.zeros(num_tokens, dtype=torch.int64))
     activation.silu_and_mul(torch.zeros(num_tokens, 2 * inter, dtype=dtype))
+    activation.gelu_tanh_and_mul(torch.zeros(num_tokens, 2 * inter, dtype=dtype))
 
 
 def sweep():
@@ -119,6 +120,14 @@ def sweep():
     # fp32 with GQA 8 and an odd head_dim, fp16 with MQA: the other dtypes and groups compile too
     attention_step(4, 4, 16, 2, 24, f32, 3)
     attention_step(40, 4, 16, 1, 64, torch.float16, 5, num_partitions=4)
+    # a layer's window is a runtime argument: every window shares the binary of no window
+    for window in (1, 16, 127, 128, 512, 4096):
+        attention_step(17, 17, 32, 8, 64, bf16, 33, window=window)
+        attention_step(2048, 7, 32, 8, 64, bf16, 40, window=window)
+    # sinks (gpt-oss) and soft-capping (Gemma 2): one binary each, whatever the values
+    for value in (0.5, 30.0, 50.0):
+        attention_step(16, 16, 32, 8, 64, bf16, 16, sinks=torch.full((32,), value), window=128)
+        attention_step(16, 16, 16, 8, 256, bf16, 16, softcap=value, window=4096)
     for num_tokens in (1, 2, 16, 17, 100, 1024, 2048):
         model_step(num_tokens)
 

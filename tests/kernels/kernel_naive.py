@@ -9,7 +9,10 @@ from __future__ import annotations
 import torch
 
 
-def paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale):
+def paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, *, window=0,
+                    sinks=None, softcap=0.0):  # fmt: skip
+    """A dense masked softmax per query token: keys max(0, pos - window + 1) .. pos (all up to pos
+    when window is 0), scores soft-capped, a sink logit per head joining the denominator."""
     out = torch.empty_like(q)
     block_size = k_cache.shape[1]
     group = q.shape[1] // k_cache.shape[2]
@@ -21,8 +24,14 @@ def paged_attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens
         v = v_cache.flatten(0, 1)[slots].float().repeat_interleave(group, dim=1)
         for i, t in enumerate(range(start, end)):
             pos = context - (end - start) + i
-            scores = torch.einsum("hd,lhd->hl", q[t].float(), k[: pos + 1]) * scale
-            out[t] = torch.einsum("hl,lhd->hd", scores.softmax(-1), v[: pos + 1]).to(q.dtype)
+            first = max(0, pos - window + 1) if window > 0 else 0
+            scores = torch.einsum("hd,lhd->hl", q[t].float(), k[first : pos + 1]) * scale
+            if softcap > 0:
+                scores = softcap * torch.tanh(scores / softcap)
+            if sinks is not None:
+                scores = torch.cat([scores, sinks.float()[:, None]], dim=1)
+            probs = scores.softmax(-1)[:, : pos + 1 - first]
+            out[t] = torch.einsum("hl,lhd->hd", probs, v[first : pos + 1]).to(q.dtype)
     return out
 
 

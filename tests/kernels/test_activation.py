@@ -1,4 +1,4 @@
-"""silu_and_mul: the gated-MLP activation over a fused gate/up projection output."""
+"""silu_and_mul and gelu_tanh_and_mul: the gated-MLP activations over a fused gate/up projection output."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import pytest
 import torch
 from kernel_refs import REF_NAMES, get_ref
 
+from bulkrun_kernels import activation, reference
 from bulkrun_kernels.activation import silu_and_mul
 
 
@@ -27,3 +28,12 @@ def test_matches_reference(inter, dtype, tol, ref_name, device):
 def test_rejects_odd_width(device):
     with pytest.raises(ValueError, match="must be even"):
         silu_and_mul(torch.randn(2, 7, device=device))
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_gelu_tanh_matches_torch(dtype, tol, device):
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(6, 2 * 300, generator=g) * 4).to(dtype).to(device)
+    got = activation.gelu_tanh_and_mul(x)
+    want = reference.gelu_tanh_and_mul(x.cpu().float())
+    torch.testing.assert_close(got.cpu().float(), want, atol=tol, rtol=tol)

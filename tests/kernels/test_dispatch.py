@@ -10,7 +10,7 @@ import torch
 
 from bulkrun_kernels import get_ops, resolve_backend
 
-OPS = ("paged_attention", "write_kv", "rms_norm", "rotary", "silu_and_mul")
+OPS = ("paged_attention", "write_kv", "rms_norm", "rotary", "silu_and_mul", "gelu_tanh_and_mul")
 
 
 def test_reference_backend_has_every_op():

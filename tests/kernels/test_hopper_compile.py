@@ -28,6 +28,6 @@ def test_every_kernel_compiles_for_sm90_once_per_variant():
     assert f"variants={len(compiled)} binaries={len(compiled)}" in proc.stdout, proc.stdout
     names = {line.split()[1] for line in compiled}
     assert names == {"_paged_attention_kernel", "_reduce_partitions_kernel", "_rms_norm_kernel",
-                     "_rotary_kernel", "_write_kv_kernel", "_silu_and_mul_kernel"}, proc.stdout  # fmt: skip
+                     "_rotary_kernel", "_write_kv_kernel", "_gated_activation_kernel"}, proc.stdout  # fmt: skip
     split = [line for line in compiled if "'SPLIT': True" in line]
     assert split and any("'SPLIT': False" in line for line in compiled), proc.stdout

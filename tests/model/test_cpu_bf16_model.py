@@ -40,7 +40,7 @@ def _step(logprobs: bool) -> SchedulerOutput:
     scheduled = []
     for i, n in enumerate((9, 5, 12, 1)):
         prompt = torch.randint(3, VOCAB, (n,), generator=gen).tolist()
-        r = Request(f"r{i}", SamplingParams(logprobs=logprobs), prompt, n, arrival=0)
+        r = Request(f"r{i}", SamplingParams(logprobs=logprobs), prompt, n)
         r.block_table = list(range(4 * i, 4 * i + 4))
         scheduled.append(ScheduledRequest(r, n, True))
     return SchedulerOutput(scheduled=scheduled)

@@ -9,6 +9,7 @@ from helpers.models import KINDS, VOCAB, build_tiny_model
 from bulkrun.engine.core.params import SamplingParams
 from bulkrun.engine.core.request import Request
 from bulkrun.engine.core.scheduler import ScheduledRequest
+from bulkrun.engine.core.scoring import ScoringState
 from bulkrun.engine.worker.kv_cache import KVCache
 from bulkrun.engine.worker.step_inputs import build_step_inputs
 from bulkrun.model.linear import pack_linears_for_cpu
@@ -53,14 +54,16 @@ class PagedRun:
         self.free = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
 
     def request(self, rid: str, tokens: list[int]) -> Request:
-        return Request(rid, SamplingParams(), list(tokens), len(tokens), arrival=0)
+        return Request(rid, SamplingParams(), list(tokens), len(tokens))
 
     def step(self, work: list[tuple[Request, int]]) -> list[torch.Tensor]:
         """Compute each (request, n) chunk; return every computed row's logits, per request."""
         for r, n in work:
             while len(r.block_table) * BLOCK_SIZE < r.num_computed_tokens + n:
                 r.block_table.append(self.free.pop())
-            r.score_start = r.num_computed_tokens + 1  # ask for logits at every computed row
+            r.scoring = ScoringState(
+                score_start=r.num_computed_tokens + 1
+            )  # ask for logits at every computed row
             r.token_ids.append(0)  # a placeholder target so the last row is scored too
         inputs = build_step_inputs([ScheduledRequest(r, n, False) for r, n in work], BLOCK_SIZE)
         md = inputs.metadata

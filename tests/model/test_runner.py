@@ -10,6 +10,7 @@ from bulkrun.engine.core.config import EngineConfig
 from bulkrun.engine.core.params import SamplingParams
 from bulkrun.engine.core.request import Request
 from bulkrun.engine.core.scheduler import ScheduledRequest, SchedulerOutput
+from bulkrun.engine.core.scoring import ScoringState
 from bulkrun.engine.worker.runner import ModelRunner
 from bulkrun.model.config import UnsupportedModelError
 
@@ -25,7 +26,7 @@ def setup(tmp_path_factory):
 
 
 def _request(rid, tokens, blocks, **params):
-    r = Request(rid, SamplingParams(**params), list(tokens), len(tokens), arrival=0)
+    r = Request(rid, SamplingParams(**params), list(tokens), len(tokens))
     r.block_table = list(blocks)
     return r
 
@@ -56,7 +57,7 @@ def test_greedy_sample_logprob_and_scores(setup):
     gen_req = _request("g", prompt, [7, 2, 11], logprobs=True)
     # a scoring child: a 6-token prompt + a 3-token continuation, computed in one chunk
     score_req = _request("s", other, [5, 9, 0])
-    score_req.score_start = 6  # score token_ids[6:] = the 3-token continuation
+    score_req.scoring = ScoringState(score_start=6)  # score token_ids[6:] = the 3-token continuation
     out = runner.execute(
         SchedulerOutput(
             scheduled=[ScheduledRequest(gen_req, 10, True), ScheduledRequest(score_req, 9, False)]

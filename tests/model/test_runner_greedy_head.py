@@ -11,6 +11,7 @@ from bulkrun.engine.core.config import EngineConfig
 from bulkrun.engine.core.params import SamplingParams
 from bulkrun.engine.core.request import Request
 from bulkrun.engine.core.scheduler import ScheduledRequest, SchedulerOutput
+from bulkrun.engine.core.scoring import ScoringState
 from bulkrun.engine.worker.runner import ModelRunner
 
 BLOCK = 4
@@ -38,11 +39,13 @@ def _step() -> SchedulerOutput:
     ]
     scheduled, first_block = [], 0
     for i, (prompt, p) in enumerate(zip(prompts, [*params, SamplingParams()], strict=True)):
-        r = Request(f"r{i}", p, list(prompt), len(prompt), arrival=0)
+        r = Request(f"r{i}", p, list(prompt), len(prompt))
         r.block_table = list(range(first_block, first_block + 3))
         first_block += 3
         scheduled.append(ScheduledRequest(r, len(prompt), i < len(params)))
-    scheduled[-1].request.score_start = 6  # a scoring child: its last 4 tokens are scored
+    scheduled[-1].request.scoring = ScoringState(
+        score_start=6
+    )  # a scoring child: its last 4 tokens are scored
     return SchedulerOutput(scheduled=scheduled)
 
 

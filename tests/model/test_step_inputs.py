@@ -5,14 +5,17 @@ from __future__ import annotations
 from bulkrun.engine.core.params import SamplingParams
 from bulkrun.engine.core.request import Request
 from bulkrun.engine.core.scheduler import ScheduledRequest
+from bulkrun.engine.core.scoring import ScoringState
 from bulkrun.engine.worker.step_inputs import build_step_inputs
 
 BS = 4
 
 
 def _req(rid, tokens, computed, table, score_start=None):
-    r = Request(rid, SamplingParams(), list(tokens), len(tokens), arrival=0)
-    r.num_computed_tokens, r.block_table, r.score_start = computed, list(table), score_start
+    r = Request(rid, SamplingParams(), list(tokens), len(tokens))
+    r.num_computed_tokens, r.block_table = computed, list(table)
+    if score_start is not None:
+        r.scoring = ScoringState(score_start=score_start)
     return r
 
 

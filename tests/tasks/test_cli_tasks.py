@@ -12,8 +12,8 @@ from helpers.rows import read_jsonl, write_jsonl
 
 from bulkrun.cli import main
 
-ENGINE_FLAGS = ["--dtype", "float32", "--kv-cache-mem", "16MiB", "--max-seqs", "8",
-                "--max-batch-tokens", "256", "--quiet"]  # fmt: skip
+ENGINE_FLAGS = ["--dtype", "float32", "--kv-cache-bytes", "16MiB", "--max-num-seqs", "8",
+                "--max-num-batched-tokens", "256", "--quiet"]  # fmt: skip
 TICKETS = [
     {"id": "a", "text": "I was charged twice.", "label": "billing"},
     {"id": "b", "text": "The app crashes on start.", "label": "bug"},

@@ -19,11 +19,11 @@ from bulkrun.cli import main
 ENGINE_FLAGS = [
     "--dtype",
     "float32",
-    "--kv-cache-mem",
+    "--kv-cache-bytes",
     "32MiB",
-    "--max-seqs",
+    "--max-num-seqs",
     "8",
-    "--max-batch-tokens",
+    "--max-num-batched-tokens",
     "256",
     "--quiet",
 ]

@@ -10,7 +10,7 @@ import bulkrun
 from bulkrun.exceptions import JobChanged, LockHeld, UsageError
 from bulkrun.io.lock import JobLock
 
-ENGINE = {"kv_cache_mem": "16MiB", "max_seqs": 8, "max_batch_tokens": 256, "quiet": True}
+ENGINE = {"kv_cache_bytes": "16MiB", "max_num_seqs": 8, "max_num_batched_tokens": 256, "quiet": True}
 ROWS = [
     {"id": "a", "text": "I was charged twice.", "label": "billing"},
     {"id": "b", "text": "The app crashes on start.", "label": "bug"},
@@ -80,3 +80,23 @@ def test_import_bulkrun_stays_light():
 
     code = "import sys, bulkrun; bulkrun.errors; print('torch' in sys.modules, 'pandas' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.split() == ["False", "False"]  # fmt: skip
+
+
+def test_repeated_runs_in_one_process_reuse_the_loaded_model(job, tmp_path, monkeypatch):
+    """A notebook's second bulkrun.run with the same model, device and dtype loads nothing and gets
+    the same results; another dtype loads the model again."""
+    from bulkrun.engine.worker import loaded_model
+
+    monkeypatch.setattr(loaded_model, "_LAST", {})
+    loads, load = [], loaded_model._load
+    monkeypatch.setattr(loaded_model, "_load", lambda *args: loads.append(load(*args)) or loads[-1])
+    used = []
+    monkeypatch.setattr(
+        loaded_model, "load", lambda *args, real=loaded_model.load: used.append(real(*args)) or used[-1]
+    )
+    bulkrun.run(job, out=tmp_path / "a", dtype="float32")
+    bulkrun.run(job, out=tmp_path / "b", dtype="float32")
+    assert len(loads) == 1 and used[0] is used[-1] is loads[0]  # the second job took the first's model
+    assert bulkrun.results(tmp_path / "a").equals(bulkrun.results(tmp_path / "b"))
+    bulkrun.run(job, out=tmp_path / "c", dtype="bfloat16")
+    assert len(loads) == 2 and loads[1] is not loads[0] and used[-1] is loads[1]

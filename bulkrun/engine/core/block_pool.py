@@ -43,8 +43,6 @@ class BlockPool:
         self._free: list[int] = []  # freed, unreferenced, no hash; reused last-freed first
         self._num_touched = 0  # blocks _num_touched.. have never been handed out
         self._evictable: OrderedDict[int, None] = OrderedDict()  # unreferenced, hashed; LRU first
-        self.num_queried_blocks = 0  # prefix-cache statistics
-        self.num_hit_blocks = 0
         self.num_evictions = 0
 
     @property
@@ -128,8 +126,6 @@ class BlockPool:
             if block is None:
                 break
             hits.append(block)
-        self.num_queried_blocks += len(block_hashes)
-        self.num_hit_blocks += len(hits)
         return hits
 
     def num_free_after_sharing(self, blocks: Sequence[int]) -> int:

@@ -55,7 +55,9 @@ class Engine:
         if async_scheduling is None:  # on where the device runs apart from the host
             async_scheduling = bool(getattr(runner, "runs_asynchronously", False))
         self.async_scheduling = async_scheduling
-        self._launch = getattr(runner, "launch", None) or (lambda sched: _Landed(runner.execute(sched)))
+        self._launch = getattr(runner, "launch", None) or (
+            lambda sched: _CompletedStep(runner.execute(sched))
+        )
         self._in_flight: tuple[SchedulerOutput, Any] | None = None  # launched, results not applied
         self._stop_matchers: dict[str, StopStringMatcher] = {}
         self.constrained = ConstrainedRequests(
@@ -228,7 +230,7 @@ class Engine:
         return [by_id[i] for i in ids]
 
 
-class _Landed:
+class _CompletedStep:
     """The handle of a step a synchronous runner has already run."""
 
     __slots__ = ("_result",)

@@ -40,9 +40,6 @@ class KVCacheManager:
         covered = req.num_computed_tokens + len(hits) * self.block_size + num_new_tokens
         return -(-covered // self.block_size) - len(req.block_table) - len(hits)
 
-    def can_allocate(self, req: Request, num_new_tokens: int, hits: Sequence[int] = ()) -> bool:
-        return self.num_blocks_needed(req, num_new_tokens, hits) <= self.pool.num_free_after_sharing(hits)
-
     def allocate_slots(self, req: Request, num_new_tokens: int, hits: Sequence[int] = ()) -> list[int] | None:
         """Take the cached `hits` (from get_computed_blocks; they become computed tokens) and make
         req's block table cover num_new_tokens more. Returns the new blocks, or None (and changes

@@ -5,9 +5,12 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bulkrun.engine.core.params import EngineRequest, SamplingParams
+
+if TYPE_CHECKING:
+    from bulkrun.engine.core.scoring import ScoringState
 
 
 class RequestStatus(Enum):
@@ -33,7 +36,6 @@ class Request:
     # the request runs, its newest tokens may still wait in its RunningBatch slot
     _token_list: list[int]
     num_prompt_tokens: int
-    arrival: int  # admission order; preemption picks the newest running request
     kind: RequestKind = RequestKind.GENERATE
     status: RequestStatus = RequestStatus.WAITING
     # num_computed_tokens and num_pending_tokens (properties below) while not running
@@ -45,23 +47,12 @@ class Request:
     block_table: list[int] = field(default_factory=list)  # physical block ids, append-only
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of full blocks, lazily
     num_hashed_blocks: int = 0  # leading blocks of block_table already offered to the prefix cache
-    # Scoring requests stop computing at compute_limit (None: all tokens, then sample).
-    compute_limit: int | None = None
-    score_start: int | None = None  # runner returns logprob of token_ids[i] for every i >= this
-    score_logprobs: list[float] = field(default_factory=list)
+    scoring: ScoringState | None = None  # a scoring parent's or child's state (engine.core.scoring)
     output_logprobs: list[float] = field(default_factory=list)
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     num_preemptions: int = 0
     finish_reason: str | None = None  # "stop" | "length" | "error" | "scored"
     error: str | None = None
-    # Scoring family: the parent keeps its children (in continuation order) and counts the live ones.
-    parent: Request | None = None
-    # Only continuations longer than one token get a child; the parent scores all first tokens.
-    children: list[Request] = field(default_factory=list)
-    num_live_children: int = 0
-    first_token_ids: list[int] | None = None  # scoring parent: each continuation's first token
-    first_token_logprobs: list[float] = field(default_factory=list)  # same order, from the runner
-    continuation_lengths: list[int] = field(default_factory=list)
     # Generating: tokens that end it (stop ids, and EOS unless ignored) and the length at which it
     # stops (prompt + max_tokens, capped by the context); set by the scheduler at arrival.
     stop_token_set: frozenset[int] = frozenset()
@@ -126,6 +117,11 @@ class Request:
         return self.kind is RequestKind.GENERATE
 
     @property
+    def compute_limit(self) -> int | None:
+        """Where a scoring request stops computing (None: all its tokens, then it samples)."""
+        return None if self.scoring is None else self.scoring.compute_limit
+
+    @property
     def num_target_tokens(self) -> int:
         """How many tokens must have KV before this request's work in the step is done."""
         limit = self.compute_limit
@@ -134,8 +130,9 @@ class Request:
     @property
     def num_tokens_without_logits(self) -> int:
         """Leading tokens none of whose logits are needed: a prefix-cache hit may cover them."""
-        if self.score_start is not None:  # scoring child: the row before score_start is scored
-            return self.score_start - 1
+        score_start = None if self.scoring is None else self.scoring.score_start
+        if score_start is not None:  # scoring child: the row before score_start is scored
+            return score_start - 1
         return len(self.token_ids) - 1  # generating or scoring first tokens: the last prompt row
 
     @property

@@ -158,7 +158,6 @@ class Scheduler:
         self._finished_early: list[Request] = []  # nothing to compute (max_tokens == 0)
         self._released_ids: list[str] = []
         self._live_ids: set[str] = set()
-        self._arrivals = 0
         self._steps = 0
         self.num_preemptions = 0
         self.num_prefix_hit_tokens = 0  # tokens served from the prefix cache, all admissions
@@ -172,7 +171,7 @@ class Scheduler:
         if req.request_id in self._live_ids:
             raise ValueError(f"request id {req.request_id!r} is already in the engine")
         prompt = [int(t) for t in req.prompt_token_ids]
-        request = Request(req.request_id, req.params, prompt, len(prompt), self._next_arrival())
+        request = Request(req.request_id, req.params, prompt, len(prompt))
         self._live_ids.add(req.request_id)
         params = req.params
         request.stop_token_set = frozenset(params.stop_token_ids) | (
@@ -193,10 +192,6 @@ class Scheduler:
         else:
             self.waiting.append(request)
         return request
-
-    def _next_arrival(self) -> int:
-        self._arrivals += 1
-        return self._arrivals
 
     def _unique_id(self, request_id: str) -> str:
         while request_id in self._live_ids:
@@ -401,13 +396,14 @@ class Scheduler:
         reference count, independent of the prefix cache) and queue the children first. The
         partial last block is the parent's alone and is freed; each child recomputes it."""
         full = parent.num_computed_tokens // self.block_size
-        for child in parent.children:
+        children = parent.scoring.children
+        for child in children:
             self.kv.share_prefix(parent, child, full)
         self.kv.free(parent)
         self.batch.remove(parent)
         parent.status = RequestStatus.FORKED
-        parent.num_live_children = len(parent.children)
-        self.waiting.extendleft(reversed(parent.children))
+        parent.scoring.num_live_children = len(children)
+        self.waiting.extendleft(reversed(children))
 
     # ---- results --------------------------------------------------------------------------------
 
@@ -480,16 +476,17 @@ class Scheduler:
         elif event is ScoringEvent.CHILD_DONE:
             self._finish(req, "scored")
             if scoring.child_finished(req):
-                self._finish(req.parent, "scored")
-                finished.append(req.parent)
+                parent = req.scoring.parent
+                self._finish(parent, "scored")
+                finished.append(parent)
 
     def fail_stalled(self) -> list[Request]:
         """Last-resort guard against a hang: if a step could schedule nothing although work is
         left, fail the request at the head of the line (with its scoring family)."""
         req = self.waiting[0] if self.waiting else self.running[-1]
-        target = req.parent or req
+        target = scoring.parent_of(req) or req
         why = "the scheduler could not make progress with this request (internal error)"
-        for member in (*target.children, target):
+        for member in (*scoring.children_of(target), target):
             if not member.is_finished:
                 self._drop_from_queues(member)
                 self._finish(member, "error", error=why)
@@ -517,7 +514,7 @@ class Scheduler:
         req.error = error
         req.num_pending_tokens = 0
         self._live_ids.discard(req.request_id)
-        for child in req.children:
+        for child in scoring.children_of(req):
             self._live_ids.discard(child.request_id)
         self._released_ids.append(req.request_id)
 

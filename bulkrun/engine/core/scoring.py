@@ -21,6 +21,24 @@ from enum import Enum
 from bulkrun.engine.core.request import Request, RequestKind
 from bulkrun.engine.core.runner_output import RunnerOutput
 
+
+@dataclass(slots=True, eq=False)
+class ScoringState:
+    """What a scoring request carries beside a generating one's bookkeeping (Request.scoring)."""
+
+    compute_limit: int | None = None  # stop computing here (None: compute all tokens)
+    score_start: int | None = None  # child: the runner returns logprob of token_ids[i] for i >= this
+    score_logprobs: list[float] = field(default_factory=list)  # child: cont[1:], in order
+    parent: Request | None = None  # child: the parent it scores for
+    # parent: its children in continuation order (only continuations longer than one token get one;
+    # the parent scores every first token) and how many are still live
+    children: list[Request] = field(default_factory=list)
+    num_live_children: int = 0
+    first_token_ids: list[int] | None = None  # parent: each continuation's first token
+    first_token_logprobs: list[float] = field(default_factory=list)  # same order, from the runner
+    continuation_lengths: list[int] = field(default_factory=list)
+
+
 # ---- scheduler side ------------------------------------------------------------------------------
 
 
@@ -28,20 +46,21 @@ def start_scoring(parent: Request, continuations: list[list[int]], unique_id: Ca
     """Make `parent` a scoring parent and create its children (not yet queued)."""
     prompt_len = parent.num_prompt_tokens
     parent.kind = RequestKind.SCORE_PARENT
-    parent.compute_limit = prompt_len
-    parent.first_token_ids = [int(cont[0]) for cont in continuations]
-    parent.continuation_lengths = [len(cont) for cont in continuations]
-    parent.children = [
+    state = parent.scoring = ScoringState(
+        compute_limit=prompt_len,
+        first_token_ids=[int(cont[0]) for cont in continuations],
+        continuation_lengths=[len(cont) for cont in continuations],
+    )
+    state.children = [
         Request(
             unique_id(f"{parent.request_id}::cont{i}"),
             parent.params,
             parent.token_ids + [int(t) for t in cont],
             prompt_len,
-            parent.arrival,
             kind=RequestKind.SCORE_CHILD,
-            compute_limit=prompt_len + len(cont) - 1,
-            score_start=prompt_len + 1,
-            parent=parent,
+            scoring=ScoringState(
+                compute_limit=prompt_len + len(cont) - 1, score_start=prompt_len + 1, parent=parent
+            ),
         )
         for i, cont in enumerate(continuations)
         if len(cont) > 1
@@ -62,37 +81,48 @@ class ScoringEvent(Enum):
 
 def apply_results(req: Request, end: int, result: RunnerOutput) -> ScoringEvent:
     """Record a scoring request's results for the chunk that computed up to position `end`."""
+    state = req.scoring
     if req.kind is RequestKind.SCORE_CHILD:
         scores = result.score_logprobs.get(req.request_id)
         if scores:
-            req.score_logprobs.extend(scores)
-        return ScoringEvent.CHILD_DONE if end >= req.compute_limit else ScoringEvent.NONE
-    if end < req.compute_limit:
+            state.score_logprobs.extend(scores)
+        return ScoringEvent.CHILD_DONE if end >= state.compute_limit else ScoringEvent.NONE
+    if end < state.compute_limit:
         return ScoringEvent.NONE
-    req.first_token_logprobs = result.first_token_logprobs[req.request_id]
-    return ScoringEvent.FORK if req.children else ScoringEvent.PARENT_DONE
+    state.first_token_logprobs = result.first_token_logprobs[req.request_id]
+    return ScoringEvent.FORK if state.children else ScoringEvent.PARENT_DONE
+
+
+def parent_of(req: Request) -> Request | None:
+    return None if req.scoring is None else req.scoring.parent
+
+
+def children_of(req: Request) -> list[Request]:
+    return [] if req.scoring is None else req.scoring.children
 
 
 def child_finished(child: Request) -> bool:
     """Count a finished child off its parent; True when it was the last."""
-    parent = child.parent
+    parent = child.scoring.parent.scoring
     parent.num_live_children -= 1
     return parent.num_live_children == 0
 
 
 def forget_results(req: Request) -> None:
     """A preempted scoring request recomputes, and rescores, from scratch."""
-    req.score_logprobs.clear()
-    req.first_token_logprobs.clear()
+    if req.scoring is not None:
+        req.scoring.score_logprobs.clear()
+        req.scoring.first_token_logprobs.clear()
 
 
 def continuation_logprobs(parent: Request) -> list[list[float]]:
     """Per continuation, the log-probability of each of its tokens (the first from the parent's
     last prompt row, the rest from the continuation's child)."""
-    children = iter(parent.children)
+    state = parent.scoring
+    children = iter(state.children)
     out = []
-    for first, n in zip(parent.first_token_logprobs, parent.continuation_lengths, strict=True):
-        out.append([first, *next(children).score_logprobs] if n > 1 else [first])
+    for first, n in zip(state.first_token_logprobs, state.continuation_lengths, strict=True):
+        out.append([first, *next(children).scoring.score_logprobs] if n > 1 else [first])
     return out
 
 
@@ -118,13 +148,14 @@ class ScoreRows:
 
     def add(self, r: Request, start: int, n: int, row: int) -> None:
         """The chunk of `r` computing positions start..start+n-1 from packed row `row`."""
-        if r.score_start is not None:
+        state = r.scoring
+        if state.score_start is not None:
             # positions p of this chunk with score_start <= p + 1 < len(token_ids)
-            lo, hi = max(start, r.score_start - 1), min(start + n, len(r.token_ids) - 1)
+            lo, hi = max(start, state.score_start - 1), min(start + n, len(r.token_ids) - 1)
             if hi > lo:
                 self.spans.append(ScoreSpan(r, len(self.span_rows), r.token_ids[lo + 1 : hi + 1]))
                 self.span_rows.extend(range(row + lo - start, row + hi - start))
-        if r.first_token_ids is not None and start + n == len(r.token_ids):
+        if state.first_token_ids is not None and start + n == len(r.token_ids):
             self.first_token_rows.append(row + n - 1)
             self.first_token_requests.append(r)
 

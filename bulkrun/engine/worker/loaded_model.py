@@ -1,13 +1,15 @@
 """A model ready to run: its tokenizer, kernels, dtype, weights, greedy head and oneDNN packing.
 
 Everything a ModelRunner needs that depends only on the model directory and the config's device,
-dtype and kernels, so one load can serve several runners. A resident process (the `bulkrun daemon`)
-loads the default model once with keep_resident(); the jobs it forks then take it from load() instead
-of loading, converting and packing it again (copy-on-write pages shared with the daemon).
+dtype and kernels, so one load can serve several runners: load() keeps the last model it loaded, and
+the next job of this process with the same settings (a notebook's next `bulkrun.run`, a sweep's next
+run) takes it instead of loading, converting and packing it again. One model at a time: loading
+another lets the previous one go.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +26,7 @@ from bulkrun_kernels import get_ops
 from bulkrun_kernels.cpu_dtype import default_cpu_dtype
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_RESIDENT: dict[tuple, LoadedModel] = {}
+_LAST: dict[tuple, LoadedModel] = {}  # the last load, under its _key
 
 
 @dataclass(frozen=True)
@@ -60,21 +62,23 @@ def resolve_device_dtype(config: EngineConfig, backend: str) -> tuple[torch.devi
 
 
 def load(model_dir: str, config: EngineConfig) -> LoadedModel:
-    """The model for these settings: the resident one where this process keeps it, else a fresh load."""
-    resident = _RESIDENT.get(_key(model_dir, config))
-    return resident if resident is not None else _load(model_dir, config)
-
-
-def keep_resident(model_dir: str, config: EngineConfig) -> LoadedModel:
-    """Load the model and keep it for every later load() with the same directory, device, dtype
-    and kernels in this process and the processes it forks."""
-    loaded = load(model_dir, config)
-    _RESIDENT[_key(model_dir, config)] = loaded
-    return loaded
+    """The model for these settings: the last one loaded where its settings and files are these,
+    else a fresh load (which replaces it)."""
+    key = _key(model_dir, config)
+    if key not in _LAST:
+        _LAST.clear()  # before loading: the previous model's memory can go first
+        _LAST[key] = _load(model_dir, config)
+    return _LAST[key]
 
 
 def _key(model_dir: str, config: EngineConfig) -> tuple:
-    return (str(model_dir), config.device, config.dtype, config.kernels, config.batch_invariant)
+    """The settings a load depends on, and each file's name, size and mtime: weights rewritten in
+    place are loaded again."""
+    files = tuple(
+        (e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in os.scandir(model_dir) if e.is_file()
+    )
+    settings = (config.device, config.dtype, config.kernels, config.batch_invariant)
+    return (str(model_dir), *settings, tuple(sorted(files)))
 
 
 def _load(model_dir: str, config: EngineConfig) -> LoadedModel:

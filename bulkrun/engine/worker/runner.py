@@ -204,7 +204,7 @@ class ModelRunner:
         num_blocks = -(-tokens // self.block_size)
         scratch = KVCache(cfg, num_blocks, self.block_size, self.dtype, self.device)
         request = Request(
-            "profile", SamplingParams(), [0] * tokens, tokens, arrival=0, block_table=list(range(num_blocks))
+            "profile", SamplingParams(), [0] * tokens, tokens, block_table=list(range(num_blocks))
         )
         inputs = self._to_device(
             build_step_inputs([ScheduledRequest(request, tokens, False)], self.block_size)

@@ -26,12 +26,12 @@ def compute_logprobs(rows: ScoreRows, logits, first_logit_row: int, result: Runn
     if requests:
         # one log_softmax row per parent (its last prompt row), K gathers from it
         firsts = logits[at : at + len(requests)].float().log_softmax(dim=-1)
-        row_index = [i for i, r in enumerate(requests) for _ in r.first_token_ids]
-        tokens = [t for r in requests for t in r.first_token_ids]
+        row_index = [i for i, r in enumerate(requests) for _ in r.scoring.first_token_ids]
+        tokens = [t for r in requests for t in r.scoring.first_token_ids]
         device = logits.device
         values = firsts[torch.tensor(row_index, device=device), torch.tensor(tokens, device=device)].tolist()
         start = 0
         for r in requests:
-            end = start + len(r.first_token_ids)
+            end = start + len(r.scoring.first_token_ids)
             result.first_token_logprobs[r.request_id] = values[start:end]
             start = end

@@ -117,7 +117,7 @@ class StepState:
                 ids.extend(tokens[start : start + n - 1])
                 late.append((len(ids), pending[r.request_id]))
                 ids.append(0)
-            if r.score_start is not None or r.first_token_ids is not None:
+            if r.scoring is not None:
                 scoring.append(i)
         if batch is None:
             inputs = self._tensors(sched, rows, ids, scoring)
