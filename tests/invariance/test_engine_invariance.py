@@ -12,9 +12,10 @@ from bulkrun.engine.core.params import EngineRequest, SamplingParams
 from bulkrun.engine.load import load_engine
 from bulkrun.engine.worker.kv_cache import bytes_per_block
 from bulkrun.model.config import ModelConfig
-from tests.helpers.models import VOCAB, build_tiny_model
+from helpers.models import VOCAB, build_tiny_model
 
 NEW_TOKENS = 12
+_INVARIANCE: dict = {}  # test_the_check_has_power sets batch_invariant=False
 # head_dim 32 and K a multiple of 32: the AMX paths (linears, prompt-chunk attention) take part
 SHAPE = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
 
@@ -38,7 +39,9 @@ def _run(model_dir, prompts, order=None, **config) -> dict[int, tuple[list[int],
     engine = load_engine(model_dir, EngineConfig(kv_cache_bytes=config.pop("kv", 8 << 20), **config))
     order = order or list(range(len(prompts)))
     requests = [
-        EngineRequest(str(i), prompts[i], SamplingParams(max_tokens=NEW_TOKENS, logprobs=i % 3 != 2, ignore_eos=True))
+        EngineRequest(
+            str(i), prompts[i], SamplingParams(max_tokens=NEW_TOKENS, logprobs=i % 3 != 2, ignore_eos=True)
+        )
         for i in order
     ]
     out = {int(o.request_id): (o.output_token_ids, o.logprobs or []) for o in engine.generate(requests)}
@@ -46,11 +49,23 @@ def _run(model_dir, prompts, order=None, **config) -> dict[int, tuple[list[int],
     return out
 
 
-@pytest.mark.parametrize("kernels", ["cpu", "reference"])
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+# The reference attention runs torch's SDPA over each step's groups and chunks, whose blocking
+# changes with the shapes: fp32 rows then differ in the last bits (bf16 rounds them away here).
+_REFERENCE_GAP = pytest.mark.xfail(strict=True, reason="reference attention is not batch invariant yet")
+
+
+@pytest.mark.parametrize(
+    ("dtype", "kernels"),
+    [
+        ("bfloat16", "cpu"),
+        ("float32", "cpu"),
+        ("bfloat16", "reference"),
+        pytest.param("float32", "reference", marks=_REFERENCE_GAP),
+    ],
+)
 def test_same_bits_in_any_batch(model_dir, dtype, kernels):
     prompts = _prompts()
-    base = {"dtype": dtype, "kernels": kernels, "device": "cpu"}
+    base = {"dtype": dtype, "kernels": kernels, "device": "cpu", **_INVARIANCE}
     alone = {}
     for i in range(len(prompts)):  # each request alone, its prompt in one chunk, no cache
         alone.update(_run(model_dir, prompts, [i], enable_prefix_caching=False, **base))
@@ -69,3 +84,10 @@ def test_same_bits_in_any_batch(model_dir, dtype, kernels):
     for name, got in runs.items():
         for i, want in alone.items():
             assert got[i] == want, f"{name}: request {i} differs from its run alone"
+
+
+def test_the_check_has_power(model_dir, monkeypatch):
+    """Without batch invariance the same comparison fails: the test above can fail."""
+    monkeypatch.setitem(_INVARIANCE, "batch_invariant", False)
+    with pytest.raises(AssertionError, match="differs from its run alone"):
+        test_same_bits_in_any_batch(model_dir, "bfloat16", "cpu")

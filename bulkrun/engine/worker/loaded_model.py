@@ -86,7 +86,7 @@ def _load(model_dir: str, config: EngineConfig) -> LoadedModel:
     device = resolve_device(config.device)
     if device.type == "cpu":
         keep_freed_memory()
-    ops = get_ops(config.kernels, device)
+    ops = get_ops(config.kernels, device, config.batch_invariant)
     device, dtype, dtype_reason = resolve_device_dtype(config, ops.backend)
     model = load_model(model_dir, ops, dtype, device)
     greedy_head = build_greedy_head(model, device, dtype, ops.backend)
