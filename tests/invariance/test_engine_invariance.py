@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.models import VOCAB, build_tiny_model
 
 from bulkrun.engine.core.config import EngineConfig
 from bulkrun.engine.core.params import EngineRequest, SamplingParams
 from bulkrun.engine.load import load_engine
 from bulkrun.engine.worker.kv_cache import bytes_per_block
 from bulkrun.model.config import ModelConfig
-from helpers.models import VOCAB, build_tiny_model
 
 NEW_TOKENS = 12
 _INVARIANCE: dict = {}  # test_the_check_has_power sets batch_invariant=False

@@ -6,10 +6,7 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 
 from helpers.processes import start_and_kill, start_until_marker
