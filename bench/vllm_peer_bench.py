@@ -57,15 +57,18 @@ def vllm_python() -> Path | None:
     """The vLLM venv's python, set up on first use; None (with one line said) where it cannot be."""
     venv = Path(os.environ.get("BULKRUN_VLLM_VENV") or Path.home() / ".cache" / "bulkrun" / "vllm-venv")
     python = venv / "bin" / "python"
-    probe = [str(python), "-c", "import vllm"]
-    if python.exists() and subprocess.run(probe, capture_output=True, env=_vllm_env()).returncode == 0:
-        return python
+    probe = [str(python), "-c", "from vllm import LLM"]
+    # their CUDA builds break vLLM's import: removed after every install (a no-op once gone)
+    unwanted = [str(python), "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"]
+    if python.exists():
+        subprocess.run(unwanted, capture_output=True)
+        if subprocess.run(probe, capture_output=True, env=_vllm_env()).returncode == 0:
+            return python
     try:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
         pip = [str(python), "-m", "pip", "install", "-q"]
         subprocess.run([*pip, *VLLM_PIN], check=True, capture_output=True, timeout=3600)
-        subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"],
-                       capture_output=True)  # fmt: skip
+        subprocess.run(unwanted, capture_output=True)
         subprocess.run(probe, check=True, capture_output=True, env=_vllm_env())
     except (subprocess.SubprocessError, OSError) as exc:
         tail = (getattr(exc, "stderr", b"") or b"").decode(errors="replace").strip().splitlines()[-1:]

@@ -67,7 +67,7 @@ def get_ops(backend: str = "auto", device=None, batch_invariant: bool = True) ->
         return _ops_from("reference", reference)
     if backend == "cpu":
         return _cpu_ops(device, batch_invariant)
-    return _triton_ops(device)
+    return _triton_ops(device, batch_invariant)
 
 
 def _ops_from(backend: str, module) -> KernelOps:
@@ -92,11 +92,10 @@ def _cpu_ops(device, batch_invariant: bool) -> KernelOps:
     ops = _ops_from("cpu", cpu_ops)
     if batch_invariant:
         return ops
-    attention = functools.partial(cpu_ops.paged_attention, batch_invariant=False)
-    return dataclasses.replace(ops, paged_attention=attention)
+    return dataclasses.replace(ops, paged_attention=_not_invariant(cpu_ops.paged_attention))
 
 
-def _triton_ops(device) -> KernelOps:
+def _triton_ops(device, batch_invariant: bool) -> KernelOps:
     if not triton_available():
         raise ValueError("kernel backend 'triton' needs the triton package; install it or use 'reference'")
     from .activation import gelu_tanh_and_mul, silu_and_mul
@@ -112,13 +111,17 @@ def _triton_ops(device) -> KernelOps:
         )
     return KernelOps(
         backend="triton",
-        paged_attention=paged_attention,
+        paged_attention=paged_attention if batch_invariant else _not_invariant(paged_attention),
         write_kv=write_kv,
         rms_norm=rms_norm,
         rotary=rotary,
         silu_and_mul=silu_and_mul,
         gelu_tanh_and_mul=gelu_tanh_and_mul,
     )
+
+
+def _not_invariant(attention: Callable) -> Callable:
+    return functools.partial(attention, batch_invariant=False)
 
 
 __all__ = ["BACKENDS", "KernelOps", "check_backend_name", "get_ops", "resolve_backend", "triton_available"]
