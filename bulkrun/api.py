@@ -5,6 +5,7 @@ run a job in-process with the CLI's semantics.
     report = bulkrun.run("jobs/classify-tickets.toml", out="runs/tickets", quiet=True)
     df = bulkrun.results("runs/tickets")          # one row per result, in input order
     bulkrun.errors("runs/tickets"), bulkrun.metrics("runs/tickets"), bulkrun.sweep("runs/sweep")
+    ids, vectors = bulkrun.embeddings("runs/docs")  # an embed job: ids and an (N, dim) array
 
 The readers take the committed shards, so they work on an unfinished (or running) job too: what has
 been committed so far. `run` resumes, takes OUT's lock and refuses a changed job exactly as the CLI
@@ -53,6 +54,33 @@ def results(out: str | Path):
     from bulkrun.io.shards import RESULTS_DIR
 
     return _frame(_records(out, RESULTS_DIR), ("row", "id"))
+
+
+def embeddings(out: str | Path, column: str = "embedding"):
+    """An embed job's vectors: (ids, an (N, dim) numpy array), rows in input order (error rows are
+    not there: `errors(OUT)` lists them). Read straight from the committed shards' vector column."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from bulkrun.io.shards import RESULTS_DIR, shard_paths
+
+    tables = [
+        pq.read_table(p, columns=["row", "id", column]) for p in shard_paths(_job_dir(out) / RESULTS_DIR)
+    ]
+    if not tables:
+        return [], np.empty((0, 0), dtype=np.float32)
+    table = pa.concat_tables(tables, promote_options="permissive")
+    rows = table.column("row").to_numpy()
+    order = np.argsort(rows, kind="stable")
+    keep = order[np.concatenate(([True], np.diff(rows[order]) != 0))]  # a row committed twice: once
+    vectors = table.column(column).combine_chunks()
+    if not pa.types.is_fixed_size_list(vectors.type):
+        raise InputError(f"'{out}': column '{column}' is not a vector column (is this an embed job?)")
+    dim = vectors.type.list_size
+    matrix = vectors.flatten().to_numpy(zero_copy_only=False).reshape(-1, dim)[keep]
+    ids = table.column("id").to_numpy(zero_copy_only=False)[keep].tolist()
+    return ids, matrix
 
 
 def errors(out: str | Path):

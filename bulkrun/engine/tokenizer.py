@@ -24,6 +24,11 @@ _UNDERSTOOD_KEYS = {
     "extra_special_tokens", "additional_special_tokens", "model_input_names", "padding_side", "truncation_side",
 }  # fmt: skip
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
+# BERT's WordPiece tokenizers (embedding models): their tokenizer.json holds the whole pipeline; the
+# config's own settings must agree with its BertNormalizer (checked in _bert_agrees)
+_BERT_CLASSES = {"BertTokenizer", "BertTokenizerFast"}
+_BERT_KEYS = {"do_lower_case", "sep_token", "cls_token", "mask_token", "tokenize_chinese_chars", "strip_accents",
+              "name_or_path", "do_basic_tokenize", "never_split", "special_tokens_map_file"}  # fmt: skip
 
 
 def load_tokenizer(model_dir: str | Path):
@@ -60,9 +65,10 @@ class FastTokenizer:
         if not (config_path.is_file() and json_path.is_file()):
             return None
         config = json.loads(config_path.read_text(encoding="utf-8"))
+        bert = config.get("tokenizer_class") in _BERT_CLASSES
         if (
-            config.get("tokenizer_class") not in _GENERIC_CLASSES
-            or not _UNDERSTOOD_KEYS.issuperset(config)
+            config.get("tokenizer_class") not in _GENERIC_CLASSES | _BERT_CLASSES
+            or not (_UNDERSTOOD_KEYS | (_BERT_KEYS if bert else set())).issuperset(config)
             or config.get("clean_up_tokenization_spaces")
             or config.get("extra_special_tokens")
             or config.get("additional_special_tokens")
@@ -83,6 +89,8 @@ class FastTokenizer:
         from tokenizers import Tokenizer
 
         backend = Tokenizer.from_file(str(json_path))
+        if bert and not _bert_agrees(config, json.loads(json_path.read_text(encoding="utf-8"))):
+            return None
         added = {t.content for t in backend.get_added_tokens_decoder().values()}
         declared = {t.get("content") for t in (config.get("added_tokens_decoder") or {}).values()}
         if not declared <= added or any(backend.token_to_id(t) is None for t in special.values()):
@@ -153,3 +161,18 @@ def _chat_template(model_dir: Path, config: dict) -> str | None | bool:
         return path.read_text(encoding="utf-8")
     template = config.get("chat_template")
     return template if template is None or isinstance(template, str) else False
+
+
+def _bert_agrees(config: dict, spec: dict) -> bool:
+    """A BERT tokenizer.json that does what its config says: basic tokenization, no never-split list,
+    and a BertNormalizer with the config's lowercasing, accent and Chinese-character settings."""
+    norm = spec.get("normalizer") or {}
+    return (
+        norm.get("type") == "BertNormalizer"
+        and (spec.get("pre_tokenizer") or {}).get("type") == "BertPreTokenizer"
+        and config.get("do_basic_tokenize", True) is True
+        and not config.get("never_split")
+        and norm.get("lowercase") == config.get("do_lower_case", True)
+        and norm.get("strip_accents") == config.get("strip_accents")
+        and norm.get("handle_chinese_chars") == config.get("tokenize_chinese_chars", True)
+    )

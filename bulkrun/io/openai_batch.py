@@ -6,17 +6,21 @@ Output line: {"id": "batch_req_...", "custom_id": "r1", "error": null,
               "response": {"status_code": 200, "request_id": "...", "body": <chat.completion>}}
 Error line:  {"id": "batch_req_...", "custom_id": "r1", "response": null,
               "error": {"code": "<kind>", "message": "..."}}
-/v1/completions lines (body.prompt) are accepted too and answered as text_completion objects.
+/v1/completions lines (body.prompt) are accepted too and answered as text_completion objects, and
+/v1/embeddings lines (body.input: one text; body.dimensions, body.encoding_format "float" | "base64")
+are answered as OpenAI's embedding list objects.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 
 from bulkrun.exceptions import RowError
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
+EMBEDDINGS_URL = "/v1/embeddings"
 ROLES = {"system", "user", "assistant", "developer", "tool"}
 
 
@@ -48,8 +52,32 @@ def _parse_fields(obj: dict, custom_id: str) -> dict:
         if not isinstance(prompt, str) or not prompt.strip():
             raise RowError("invalid_request", "body.prompt must be a non-empty string")
         fields["prompt"] = prompt
+    elif url == EMBEDDINGS_URL:
+        fields.update(_embedding_fields(body))
     else:
-        raise RowError("unsupported_endpoint", f"url {url!r} is not supported (use {CHAT_URL})")
+        raise RowError(
+            "unsupported_endpoint",
+            f"url {url!r} is not supported (use {CHAT_URL}, {COMPLETIONS_URL} or {EMBEDDINGS_URL})",
+        )
+    return fields
+
+
+def _embedding_fields(body: dict) -> dict:
+    text = body.get("input")
+    if isinstance(text, list) and len(text) == 1:
+        text = text[0]
+    if not isinstance(text, str):
+        raise RowError("invalid_request", "body.input must be one string (one text per request line)")
+    if not text.strip():
+        raise RowError("empty_text", "body.input is empty")
+    fields = {"input": text, "encoding_format": body.get("encoding_format") or "float"}
+    if fields["encoding_format"] not in ("float", "base64"):
+        raise RowError("invalid_request", "body.encoding_format must be float or base64")
+    dimensions = body.get("dimensions")
+    if dimensions is not None:
+        if isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1:
+            raise RowError("invalid_request", "body.dimensions must be a positive integer")
+        fields["dimensions"] = dimensions
     return fields
 
 
@@ -84,6 +112,29 @@ def _stable_id(prefix: str, custom_id: str) -> str:
 
 def output_line(record: dict, model: str, created: int) -> dict:
     """One output-file line from a result record (lists per sample: the job ran with n >= 1)."""
+    body = embedding_body(record, model) if record.get("endpoint") == EMBEDDINGS_URL else None
+    return _line(record["id"], body or _completion_body(record, model, created))
+
+
+def embedding_body(record: dict, model: str) -> dict:
+    """OpenAI's embeddings response (a list of one embedding object) for an embed result record."""
+    vector = record["embedding"]
+    if record.get("encoding_format") == "base64":  # little-endian float32, as OpenAI sends it
+        import numpy as np
+
+        data = base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    else:
+        data = [float(x) for x in vector]
+    tokens = int(record.get("prompt_tokens") or 0)
+    return {
+        "object": "list",
+        "data": [{"object": "embedding", "index": 0, "embedding": data}],
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
+def _completion_body(record: dict, model: str, created: int) -> dict:
     custom_id = record["id"]
     texts, reasons, generated = (_as_list(record[k]) for k in ("text", "finish_reason", "generated_tokens"))
     prompt_tokens = int(record.get("prompt_tokens") or 0)
@@ -97,7 +148,7 @@ def output_line(record: dict, model: str, created: int) -> dict:
         else:
             choice["text"] = text
         choices.append(choice)
-    body = {
+    return {
         "id": _stable_id("chatcmpl-" if chat else "cmpl-", custom_id),
         "object": "chat.completion" if chat else "text_completion",
         "created": created,
@@ -109,6 +160,9 @@ def output_line(record: dict, model: str, created: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens,
         },
     }
+
+
+def _line(custom_id: str, body: dict) -> dict:
     response = {"status_code": 200, "request_id": _stable_id("req_", custom_id), "body": body}
     return {
         "id": _stable_id("batch_req_", custom_id),

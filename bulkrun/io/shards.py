@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -60,9 +61,21 @@ class ShardWriter:
 
 
 def records_table(records: list[dict]) -> pa.Table:
-    """A table of records whose keys may differ (the union of keys, in first-seen order)."""
+    """A table of records whose keys may differ (the union of keys, in first-seen order). A column of
+    numpy vectors (embeddings) becomes fixed_size_list<dtype>[dim], what vector stores load."""
     names = list(dict.fromkeys(key for record in records for key in record))
-    return pa.table({name: pa.array([r.get(name) for r in records]) for name in names})
+    return pa.table({name: _column([r.get(name) for r in records]) for name in names})
+
+
+def _column(values: list) -> pa.Array:
+    first = next((v for v in values if v is not None), None)
+    if not isinstance(first, np.ndarray) or first.ndim != 1:
+        return pa.array(values)
+    dim = first.shape[0]
+    if any(v is None or v.shape != first.shape for v in values):
+        return pa.array([None if v is None else v.tolist() for v in values])  # ragged: plain lists
+    flat = np.concatenate(values) if values else np.empty(0, first.dtype)
+    return pa.FixedSizeListArray.from_arrays(pa.array(flat), dim)
 
 
 def _numbered(directory: Path) -> Iterator[tuple[str, int]]:

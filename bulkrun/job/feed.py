@@ -122,7 +122,7 @@ class PromptBuilder:
     def _requests(self, item: Item, ids: list[int]) -> Prepared:
         if not ids:
             raise RowError("empty_text", "the prompt has no tokens")
-        if len(ids) >= self.max_model_len:
+        if len(ids) >= self.max_model_len and not self.task.truncates_prompts:
             raise RowError(
                 "prompt_too_long",
                 f"prompt of {len(ids)} tokens does not fit the model's context of {self.max_model_len}",

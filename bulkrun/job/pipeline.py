@@ -62,6 +62,7 @@ def task_context(spec, model, compile_constraints: bool = True) -> TaskContext:
         constraint=constraint,
         schema_field=spec.schema_field,
         compile=compile_job_constraint(spec, constraint, model) if compile_constraints else None,
+        embedding_profile=getattr(model, "embedding_profile", None),
     )
 
 

@@ -50,6 +50,7 @@ def plan_job(spec: JobSpec, *, sample: int = DEFAULT_SAMPLE, prices: Path | None
     read_seconds = time.perf_counter() - start
     run = sample_run(engine, first) if first else None
     per_token = _kv_bytes_per_token(engine)
+    pool = getattr(engine, "pool", None)  # None: an encoder engine keeps no KV cache
     return estimate_plan(
         PlanInputs(
             prompts=prompts,
@@ -58,10 +59,10 @@ def plan_job(spec: JobSpec, *, sample: int = DEFAULT_SAMPLE, prices: Path | None
             n=spec.n,
             sample=run,
             workers=_workers(spec),
-            block_size=engine.pool.block_size,
-            prefix_cache=spec.enable_prefix_caching,
+            block_size=pool.block_size if pool is not None else 16,
+            prefix_cache=spec.enable_prefix_caching and pool is not None,
             kv_bytes_per_token=per_token,
-            kv_available_bytes=engine.pool.num_blocks * engine.pool.block_size * per_token,
+            kv_available_bytes=pool.num_blocks * pool.block_size * per_token if pool is not None else None,
             max_seqs=engine.limits.max_num_seqs,
             token_budget=engine.limits.max_num_batched_tokens,
             read_seconds=read_seconds,
@@ -128,5 +129,7 @@ def _workers(spec: JobSpec) -> int:
 
 def _kv_bytes_per_token(engine) -> int:
     """K and V of one token over all layers, as the engine's cache stores them."""
-    cache = engine.runner.kv_cache
+    cache = getattr(engine.runner, "kv_cache", None)
+    if cache is None:  # an encoder: nothing is cached between steps
+        return 0
     return cache.data[:, :, :1, :1].numel() * cache.data.element_size()

@@ -42,7 +42,7 @@ from bulkrun.job.pipeline import InputPipeline, given_ids, input_pipeline, resol
 from bulkrun.job.resume import Committed, RowSet, load_committed
 from bulkrun.job.spec import JobSpec
 from bulkrun.job.stats import RunStats
-from bulkrun.job.validate import check_input
+from bulkrun.job.validate import build_task, check_input
 from bulkrun.tasks.base import Task
 
 SINGLE = "part"
@@ -142,7 +142,7 @@ def open_job(spec: JobSpec, *, lock: bool = True, writer: str = SINGLE) -> Itera
     """Check task and input (validate.py) and the model, take OUT's lock, check or write the
     manifest (wiping OUT first on --restart when we hold the lock). Yields the session; releases the lock at the end."""
     task, input_path, fmt = check_input(spec)
-    model_path, model_info = resolve_model(spec)
+    model_path, model_info = resolve_model(spec, task)
     out = out_dir(spec)
     job_lock = JobLock(out / lock_name(writer))
     if lock:
@@ -169,16 +169,22 @@ def out_dir(spec: JobSpec) -> Path:
     return out
 
 
-def resolve_model(spec: JobSpec) -> tuple[Path, dict]:
-    """The model's local directory (the one place a model reference is resolved) and its identity."""
+def resolve_model(spec: JobSpec, task: Task | None = None) -> tuple[Path, dict]:
+    """The model's local directory (the one place a model reference is resolved) and its identity;
+    without --model, the task's default model (embed: the shipped embedder), else the default one."""
     from bulkrun.model_source import ModelNotFound, model_fingerprint
     from bulkrun.model_source import resolve_model as resolve
 
+    task = task or build_task(spec)
     try:
-        path = resolve(spec.model)
+        path = resolve(spec.model or task.default_model)
     except ModelNotFound as exc:
         raise ModelError(str(exc)) from None
-    return path, {"ref": spec.model or "default", "path": str(path), "fingerprint": model_fingerprint(path)}
+    return path, {
+        "ref": spec.model or task.default_model or "default",
+        "path": str(path),
+        "fingerprint": model_fingerprint(path),
+    }
 
 
 def load_engine(spec: JobSpec, model_path: Path | None = None):

@@ -217,6 +217,7 @@ _TASKS: dict[str, str | type[Task]] = {
     "summarize": "bulkrun.tasks.summarize:SummarizeTask",
     "classify": "bulkrun.tasks.classify:ClassifyTask",
     "eval": "bulkrun.tasks.eval:EvalTask",
+    "embed": "bulkrun.tasks.embed:EmbedTask",
 }
 
 

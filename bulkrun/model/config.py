@@ -115,7 +115,9 @@ def _check_architecture(cfg: dict) -> str:
             f"unsupported model type {model_type!r} (architectures {architectures}); bulkrun runs {known}"
         )
     expected = SUPPORTED_MODEL_TYPES[model_type]
-    if architectures and any(a != expected for a in architectures):
+    # the bare transformer (Qwen3Model: a decoder embedder's checkpoint, no LM head) runs the same layers
+    bare = expected.removesuffix("ForCausalLM") + "Model"
+    if architectures and any(a not in (expected, bare) for a in architectures):
         raise UnsupportedModelError(
             f"unsupported architectures {architectures} for model type {model_type!r}; expected {expected}"
         )

@@ -81,7 +81,7 @@ def _fill_from_cache(model: LlamaForCausalLM, path: Path, dtype: torch.dtype, de
 
 def _fill_from_checkpoint(model, model_dir: Path, cfg: ModelConfig, dtype, device) -> None:
     """Fill every parameter from the safetensors files (fusing, casting); refuse missing or extra weights."""
-    tensors = _open_checkpoint(model_dir)
+    tensors = _with_model_prefix(_open_checkpoint(model_dir))
     used: set[str] = set()
     for name, param in model.named_parameters():
         sources = _sources(name, cfg)
@@ -111,6 +111,14 @@ def _sources(name: str, cfg: ModelConfig) -> tuple[str, ...]:
         return ("lm_head.weight",)
     _, index, local = name.split(".", 2)  # layers.{i}.{local}
     return tuple(f"model.layers.{index}.{s}" for s in _FUSED[local])
+
+
+def _with_model_prefix(tensors: dict) -> dict:
+    """A bare transformer's checkpoint (Qwen3Model: `layers.0...`, `embed_tokens.weight`) under the
+    causal LM's names (`model.layers.0...`)."""
+    if "model.embed_tokens.weight" in tensors or "embed_tokens.weight" not in tensors:
+        return tensors
+    return {name if name == "lm_head.weight" else f"model.{name}": load for name, load in tensors.items()}
 
 
 def _open_checkpoint(model_dir: Path) -> dict:

@@ -48,6 +48,9 @@ class TaskContext:
     constraint: Any = None
     schema_field: str | None = None
     compile: Any = None
+    # the model directory's sentence-transformers profile (model/sentence_transformers_config.py):
+    # pooling, normalize, max length, prompts; what embed starts from
+    embedding_profile: Any = None
 
 
 class Task(ABC):
@@ -65,6 +68,11 @@ class Task(ABC):
     # Whether render() reads --text-field (without --prompt-template): the job layer then checks,
     # before any work, that the input has that field.
     uses_text_field: ClassVar[bool] = True
+    # Whether requests() handles prompts longer than the model's context itself (embed truncates them);
+    # otherwise the job layer makes such a row a prompt_too_long error record.
+    truncates_prompts: ClassVar[bool] = False
+    # The model alias the task runs on when the job names none (None: the default generator).
+    default_model: ClassVar[str | None] = None
 
     @classmethod
     def from_options(cls, options: dict) -> Task:

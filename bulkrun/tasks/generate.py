@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from bulkrun.engine.core.outputs import RequestOutput
 from bulkrun.engine.core.params import EngineRequest, SamplingParams
-from bulkrun.io.openai_batch import CHAT_URL
+from bulkrun.io.openai_batch import CHAT_URL, EMBEDDINGS_URL
 from bulkrun.tasks.base import Item, RawText, RowError, Task, generation_columns, prompt_text, sample_seed
 from bulkrun.tasks.chat import row_messages
 from bulkrun.tasks.constraints import has_json_column, is_openai_line, output_columns, row_constraint
@@ -28,6 +28,10 @@ class GenerateTask(Task):
     def render(self, item: Item) -> str | list[dict]:
         fields = item.fields
         if is_openai_line(fields):
+            if fields["url"] == EMBEDDINGS_URL:
+                raise RowError(
+                    "unsupported_endpoint", f"{EMBEDDINGS_URL} lines are answered by `bulkrun embed`"
+                )
             return fields["messages"] if fields["url"] == CHAT_URL else RawText(fields["prompt"])
         messages = row_messages(fields, self.ctx)
         if messages is not None:

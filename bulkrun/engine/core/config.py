@@ -15,7 +15,7 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 1024
 class EngineConfig:
     block_size: int = 16
     kv_cache_bytes: int | None = None  # None -> sensible default from free memory
-    # None: chosen for the device (see bulkrun.engine.device_limits; the CPU keeps the defaults above)
+    # None: chosen for the device (bulkrun.engine.core.limits.choose_limits)
     max_num_seqs: int | None = None  # max running sequences
     max_num_batched_tokens: int | None = None  # per-step token budget
     enable_prefix_caching: bool = True

@@ -72,6 +72,13 @@ class Engine:
         comes back from a later step() with finish_reason "error"."""
         if self.vocab_size is not None:
             _check_vocab(req, self.vocab_size)
+        if req.pooling is not None:
+            if not getattr(self.runner, "pools", False):
+                raise ValueError("this model's runner cannot pool hidden states into embeddings")
+            if req.pooling.method != "last":  # earlier rows' hidden states are gone once their chunk ran
+                raise ValueError(
+                    f"a decoder embedder pools the last token (--pooling last), not {req.pooling.method!r}"
+                )
         spec = req.params.constraint
         matcher = self.constrained.matcher(spec) if spec is not None and req.continuations is None else None
         request = self.scheduler.add_request(req)
@@ -154,6 +161,9 @@ class Engine:
         )
         if req.grammar is not None:
             self.constrained.release(req.request_id)
+        if req.kind is RequestKind.POOL:
+            out.embedding = req.embedding
+            return out
         if req.kind is RequestKind.SCORE_PARENT:
             if req.finish_reason == "scored":
                 out.continuation_logprobs = req.continuation_logprobs()

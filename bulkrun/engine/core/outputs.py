@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -11,10 +12,11 @@ class RequestOutput:
     prompt_token_ids: list[int]
     output_token_ids: list[int] = field(default_factory=list)
     text: str = ""
-    finish_reason: str = "length"  # "stop" | "length" | "error" | "scored"
+    finish_reason: str = "length"  # "stop" | "length" | "error" | "scored" | "pooled"
     logprobs: list[float] | None = None  # one per generated token when params.logprobs
     # Scoring requests: per continuation, the log-probability of each of its tokens.
     continuation_logprobs: list[list[float]] | None = None
+    embedding: Any = None  # pooling requests: the vector (a float32 numpy array), finish_reason "pooled"
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     error: str | None = None  # set with finish_reason == "error" (e.g. can never fit)
 

@@ -1,4 +1,4 @@
-"""What a caller asks of one request: sampling settings and optional continuation scoring.
+"""What a caller asks of one request: sampling settings, optional continuation scoring, or pooling.
 
 Plain Python (no torch): the scheduler and the job layer both use these.
 """
@@ -47,6 +47,21 @@ class SamplingParams:
         return self.temperature == 0.0 and not self.logprobs
 
 
+@dataclass(frozen=True, slots=True)
+class PoolingParams:
+    """An embedding request: its final hidden states pooled into one vector instead of a token."""
+
+    method: str = "mean"  # "mean" | "cls" | "last" (decoder embedders: "last")
+    normalize: bool = False  # unit L2 length (after the cut to `dimensions`)
+    dimensions: int | None = None  # keep the first N (Matryoshka models), then normalize
+
+    def __post_init__(self) -> None:
+        if self.method not in ("mean", "cls", "last"):
+            raise ValueError(f"pooling must be mean, cls or last, got {self.method!r}")
+        if self.dimensions is not None and self.dimensions < 1:
+            raise ValueError(f"dimensions must be >= 1, got {self.dimensions}")
+
+
 @dataclass(slots=True)
 class EngineRequest:
     """One unit of work handed to the engine.
@@ -59,3 +74,4 @@ class EngineRequest:
     prompt_token_ids: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)
     continuations: list[list[int]] | None = None
+    pooling: PoolingParams | None = None

@@ -26,6 +26,9 @@ class RequestKind(Enum):
     # then forks one child per continuation longer than one token
     SCORE_PARENT = "score_parent"
     SCORE_CHILD = "score_child"  # prompt + one continuation; scores cont[1:], samples nothing
+    # computes the whole prompt; the final hidden state of its last row, pooled, is its output
+    # (a decoder embedder: last-token pooling), no token is sampled
+    POOL = "pool"
 
 
 @dataclass(slots=True, eq=False)
@@ -58,6 +61,8 @@ class Request:
     stop_token_set: frozenset[int] = frozenset()
     length_limit: int = 0
     grammar: object | None = None  # a constrained request's grammar.GrammarMatcher (set by the engine)
+    pooling: object | None = None  # a POOL request's params.PoolingParams
+    embedding: Any = None  # a POOL request's vector, once its last prompt row is computed
 
     @property
     def num_computed_tokens(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -22,3 +23,5 @@ class RunnerOutput:
     # request_id -> for a scoring parent whose last prompt token was computed this step: the
     # log-probability of each continuation's first token after the prompt, in continuation order
     first_token_logprobs: dict[str, list[float]] = field(default_factory=dict)
+    # request_id -> the pooled vector of a POOL request whose last prompt row was computed this step
+    pooled: dict[str, Any] = field(default_factory=dict)

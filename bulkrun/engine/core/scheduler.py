@@ -18,7 +18,7 @@ from bulkrun.engine.core import scoring
 from bulkrun.engine.core.block_pool import BlockPool
 from bulkrun.engine.core.kv_cache_manager import KVCacheManager
 from bulkrun.engine.core.params import EngineRequest
-from bulkrun.engine.core.request import Request, RequestStatus, validate_engine_request
+from bulkrun.engine.core.request import Request, RequestKind, RequestStatus, validate_engine_request
 from bulkrun.engine.core.runner_output import RunnerOutput
 from bulkrun.engine.core.running_batch import RunningBatch
 from bulkrun.engine.core.scoring import ScoringEvent
@@ -183,6 +183,10 @@ class Scheduler:
             self._stop_id_array = np.array(sorted(self._stop_ids), np.int64)
         if req.continuations is not None:
             scoring.start_scoring(request, req.continuations, self._unique_id)
+        elif req.pooling is not None:
+            # computes its prompt and stops there, as a scoring parent does: the same row bookkeeping
+            request.kind, request.pooling = RequestKind.POOL, req.pooling
+            request.scoring = scoring.ScoringState(compute_limit=len(prompt))
         problem = self._never_fits(request, req.continuations)
         if problem is not None:
             self._failed.append((request, problem))
@@ -467,6 +471,12 @@ class Scheduler:
         return [(int(rows[j]), "stop" if stop[j] else "length") for j in np.flatnonzero(done).tolist()]
 
     def _apply_scoring(self, req: Request, end: int, result: RunnerOutput, finished: list[Request]) -> None:
+        if req.kind is RequestKind.POOL:
+            if end >= req.compute_limit:
+                req.embedding = result.pooled[req.request_id]
+                self._finish(req, "pooled")
+                finished.append(req)
+            return
         event = scoring.apply_results(req, end, result)
         if event is ScoringEvent.FORK:
             self._fork(req)

@@ -145,6 +145,10 @@ class ScoreRows:
     span_rows: list[int] = field(default_factory=list)  # packed rows, in span order
     first_token_requests: list[Request] = field(default_factory=list)
     first_token_rows: list[int] = field(default_factory=list)
+    # then one row per POOL request whose last prompt row is computed this step (its final hidden
+    # state is pooled: worker/pooling.py)
+    pool_requests: list[Request] = field(default_factory=list)
+    pool_rows: list[int] = field(default_factory=list)
 
     def add(self, r: Request, start: int, n: int, row: int) -> None:
         """The chunk of `r` computing positions start..start+n-1 from packed row `row`."""
@@ -158,6 +162,9 @@ class ScoreRows:
         if state.first_token_ids is not None and start + n == len(r.token_ids):
             self.first_token_rows.append(row + n - 1)
             self.first_token_requests.append(r)
+        if r.pooling is not None and start + n == len(r.token_ids):
+            self.pool_rows.append(row + n - 1)
+            self.pool_requests.append(r)
 
     def shift(self, num_sample_rows: int) -> None:
         for span in self.spans:
@@ -165,4 +172,4 @@ class ScoreRows:
 
     @property
     def rows(self) -> list[int]:
-        return self.span_rows + self.first_token_rows
+        return self.span_rows + self.first_token_rows + self.pool_rows

@@ -2,12 +2,9 @@
 and each request's matcher state. No torch here (masks are numpy int32 rows; grammar_mask.py applies
 them to logits).
 
-The grammar engine is llguidance, measured against xgrammar by bench/constraint_bench.py (default
-model, 17 constraints, this 2-core box): both compile all 17 and fill a mask well under a millisecond
-per token per sequence (xgrammar 0.07 ms, llguidance 0.17 ms median); llguidance compiles a schema
-6x faster once the tokenizer is prepared (1.5 ms against 9 ms median, 2.8 against 30 ms worst: per-row
-schemas), enforces what it compiles exactly where xgrammar relaxes a oneOf to anyOf, and needs no
-torch (xgrammar's matcher imports it; this module must not).
+The grammar engine is llguidance, chosen over xgrammar by bench/constraint_bench.py (figures in
+docs/benchmarks.md): it compiles per-row schemas faster, enforces what it compiles exactly where
+xgrammar relaxes a oneOf to anyOf, and needs no torch (xgrammar's matcher imports it).
 
 Flow: a ConstraintSpec is compiled once per (spec, tokenizer) by a GrammarCache, under a time limit;
 each request gets a fresh GrammarMatcher from it. Per step: fill the constrained rows' masks

@@ -23,6 +23,7 @@ from bulkrun.engine.structured_output.step_masks import GrammarMasks, StepMasks
 from bulkrun.engine.worker import loaded_model
 from bulkrun.engine.worker.decode_graphs import DecodeGraphs, graph_batch_sizes
 from bulkrun.engine.worker.kv_cache import KVCache, default_cpu_kv_bytes, default_cuda_kv_bytes
+from bulkrun.engine.worker.pooling import pool_last_rows
 from bulkrun.engine.worker.sampler import Sampler
 from bulkrun.engine.worker.score_logprobs import compute_logprobs
 from bulkrun.engine.worker.step_inputs import StepInputs, StepState
@@ -70,6 +71,7 @@ class ModelRunner:
         self.state = StepState(self.block_size, self.limits.max_num_seqs, self.max_blocks_per_seq)
         self.sampler = Sampler()
         self.runs_asynchronously = self.device.type == "cuda"  # the engine's async default
+        self.pools = True  # POOL requests: their last prompt row's final hidden state (pooling.py)
         self._prev_tokens: torch.Tensor | None = None  # the last step's sampled tokens, on the device
         self._prev_rows: Mapping[str, int] = {}  # request id -> row of _prev_tokens
         self.graphs: DecodeGraphs | None = None
@@ -107,6 +109,8 @@ class ModelRunner:
         # the constrained rows' masks (none when the engine says no request is constrained)
         masks = self.grammar_masks.start(requests) if out.constrained is not False else None
         h = self._final_hidden(inputs)
+        if inputs.scores.pool_requests:
+            pool_last_rows(inputs.scores, h, result)
         # the running batch knows when every request takes the plain argmax: no per-row look
         plain = out.batch is not None and out.batch.num_not_plain_greedy == 0
         tokens = self._sample(requests, h, inputs, result, masks, plain)
