@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_model import SHAPES, build_model_dir, make_prompts  # noqa: E402
+from gpu_model import SHAPES, build_model_dir, hf_dtype, make_prompts  # noqa: E402
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -234,7 +234,7 @@ def run_transformers(model_dir: Path, prompts: list[list[int]], args) -> Result:
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     dtype = getattr(torch, args.dtype)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(args.device).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, **hf_dtype(dtype)).to(args.device).eval()
     # eos_token_id=-1 disables EOS: every request makes exactly max_new_tokens.
     gen = GenerationConfig(max_new_tokens=args.output_len, do_sample=False, eos_token_id=-1, pad_token_id=0)
     warm = GenerationConfig(max_new_tokens=4, do_sample=False, eos_token_id=-1, pad_token_id=0)
@@ -354,6 +354,8 @@ def main(argv=None) -> int:
                 f"gpu_bench: error: agreement below --min-agreement {args.min_agreement:.0%}", file=sys.stderr
             )
             code = 3
+    ratio = f", {results[0].gen_tps / results[1].gen_tps:.2f}x transformers" if len(results) == 2 else ""
+    print(f"FIGURE: {results[0].gen_tps:.0f} generated tok/s{ratio}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
     return code

@@ -1,64 +1,107 @@
 #!/usr/bin/env bash
-# The one script for a lent GPU, in stages. Each stage's result lands in $OUT as soon as it is known
-# (stage-NN-name.txt: its output; stage-NN-name.json: its figures; summary.txt: one line per stage),
-# and a failed stage does not stop the later ones:
-#   01 environment    nvidia-smi, python/torch/triton/transformers versions, the repo imports
+# The one script for a lent GPU, in stages, inside one deadline. docs/gpu.md says what each proves.
+#   01 environment    nvidia-smi, versions; gates what later stages need (transformers >= 4.56:
+#                     generate_batch and from_pretrained(dtype=)) and sets their fallbacks
 #   02 kernel-tests   tests/kernels compiled and run on CUDA
-#   03 attention      production shapes (bf16, head_dim 64/128, thousands of keys, split and unsplit)
-#                     vs an fp32 reference: max error, binaries compiled, CUDA-graph replay
-#   04 engine-triton  the whole engine, Triton vs reference ops, bf16 greedy, full sequences judged
-#   05 cuda-graphs    the engine with CUDA graphs vs eager: same tokens, decode speed
-#   06 memory         KV sizing: profile peak, blocks, free memory after, a full-budget step
-#   07 bench-1b       throughput vs transformers generate_batch, Llama-3.2-1B shape, decode profile
-#   08 bench-8b       the same on the Llama-3.1-8B shape (smaller workload)
+#   03 attention      production shapes vs an fp32 reference, binaries compiled, CUDA-graph replay
+#   04 engine-triton  the whole engine, Triton vs reference ops, bf16 greedy, judged by fp32 transformers
+#   05 cuda-graphs    the engine with CUDA graphs vs eager: same judgement, decode speed
+#   06 memory         KV sizing around the largest step, and a full-budget step with scoring
+#   07 bench-1b       throughput vs transformers generate_batch, Llama-3.2-1B shape
+#   08 bench-8b       the Llama-3.1-8B shape, built in bf16 on the device (only with GPU_CHECK_8B=1)
 #
-#   bench/gpu_check.sh                   # every stage (sized for < 8 minutes on one H200)
-#   STAGES="03 05" bench/gpu_check.sh    # only these stages
-#   GPU_CHECK_CPU=1 bench/gpu_check.sh   # smoke run without a GPU: interpreted kernels, tiny models,
-#                                        # --device cpu; CUDA-only stages report "skipped: no CUDA"
+#   bench/gpu_check.sh                      # every stage, within GPU_CHECK_DEADLINE (default 420 s)
+#   STAGES="03 05" bench/gpu_check.sh       # only these stages
+#   GPU_CHECK_CPU=1 bench/gpu_check.sh      # smoke run without a GPU: interpreted kernels, tiny models
+#   GPU_CHECK_DRY_RUN=1 bench/gpu_check.sh  # print each stage's limit and their sum; run nothing
 #
-# Assumptions (the GPU machine reaches no network, so nothing is downloaded or pip-installed):
-# - Python: $PYTHON if set, else .venv/bin/python if it sees a CUDA device (or in the smoke run), else python3. It must
-#   already hold torch (CUDA build), triton, transformers, tokenizers, safetensors, psutil and pytest
-#   (the device image's python3 does). Missing packages can travel as wheels in .whl/: they are
-#   installed with --no-index into a temp dir put first on PYTHONPATH.
-# - The repo is not pip-installed: PYTHONPATH gets the repo root and a shim dir in which
-#   bulkrun_kernels links to kernels/ (the mapping pyproject.toml makes for an install).
-# - Without $OUT the results go to a fresh temp dir (printed at the end).
-# Exit status: 0 every stage passed, was skipped or is not available (an engine without
-# EngineConfig.cuda_graphs); 1 some stage failed; 2 environment unusable.
+# Deadline: the stages share GPU_CHECK_DEADLINE seconds; each runs under min(its own limit, the
+# time left less KILL_GRACE), and a stage with under MIN_STAGE seconds left is skipped ("out of time").
+# Results reach $OUT as each stage ends, in three files (the device tool returns at most 8):
+#   summary.txt     one line per stage: verdict, seconds, the stage's figure
+#   results.jsonl   one JSON object per stage: verdict, figure, seconds, limit, the stage's figures,
+#                   and the last lines of its output when it failed (the traceback's tail)
+#   log.txt         every stage's whole output
+# Python: $PYTHON, else .venv/bin/python if it sees CUDA (or in the smoke run), else python3; it must
+# hold torch (CUDA), triton, transformers, tokenizers, safetensors, psutil, pytest. Missing packages
+# travel as wheels in .whl/ (installed with --no-index into a temp dir). The repo is not installed:
+# PYTHONPATH gets the repo root and a shim in which bulkrun_kernels links to kernels/.
+# Exit status: 0 every stage passed or was skipped; 1 a stage failed or ran out of time; 2 unusable.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+DEADLINE="${GPU_CHECK_DEADLINE:-420}"
+KILL_GRACE=5
+MIN_STAGE=15
+CPU_SMOKE=0
+[[ "${GPU_CHECK_CPU:-}" == 1 ]] && CPU_SMOKE=1
+DRY_RUN=0
+[[ "${GPU_CHECK_DRY_RUN:-}" == 1 ]] && DRY_RUN=1
+
+# stage table: number name own-limit-seconds needs-cuda (the commands are in run_all below)
+STAGE_TABLE="01 environment 20 0
+02 kernel-tests 75 0
+03 attention 40 0
+04 engine-triton 55 0
+05 cuda-graphs 55 1
+06 memory 40 1
+07 bench-1b 80 1"
+if [[ $CPU_SMOKE == 1 ]]; then
+  STAGE_TABLE="${STAGE_TABLE/07 bench-1b 80 1/07 bench-tiny 80 0}"
+elif [[ "${GPU_CHECK_8B:-}" == 1 ]]; then
+  STAGE_TABLE+=$'\n'"08 bench-8b 120 1"
+fi
+
+selected() { [[ -z "${STAGES:-}" || " $STAGES " == *" $1 "* ]]; }
+
+# the limit a stage gets when `used` seconds of the deadline are gone (0: not enough left)
+stage_limit() {
+  local own="$1" used="$2" left
+  left=$((DEADLINE - used - KILL_GRACE))
+  ((left < MIN_STAGE)) && { echo 0; return; }
+  echo $((own < left ? own : left))
+}
+
+if [[ $DRY_RUN == 1 ]]; then
+  used=0
+  while read -r num name own cuda; do
+    selected "$num" || continue
+    limit=$(stage_limit "$own" "$used")
+    printf 'stage %s %-15s limit %4ss (own %ss)\n' "$num" "$name" "$limit" "$own"
+    ((limit > 0)) && used=$((used + limit + KILL_GRACE))
+  done <<<"$STAGE_TABLE"
+  echo "total: at most ${used}s of stage time (deadline ${DEADLINE}s)"
+  ((used <= DEADLINE)) || { echo "gpu_check: error: stages overrun the deadline" >&2; exit 1; }
+  exit 0
+fi
+
 OUT_DIR="${OUT:-$(mktemp -d)}"
 mkdir -p "$OUT_DIR"
-SUMMARY="$OUT_DIR/summary.txt"
-: >"$SUMMARY"
+SUMMARY="$OUT_DIR/summary.txt" RESULTS="$OUT_DIR/results.jsonl" LOG="$OUT_DIR/log.txt"
+: >"$SUMMARY"; : >"$RESULTS"; : >"$LOG"
 die() { echo "gpu_check: error: $*" | tee -a "$SUMMARY" >&2; exit 2; }
 
 pick_python() {
   if [[ -n "${PYTHON:-}" ]]; then echo "$PYTHON"; return; fi
-  if [[ -x .venv/bin/python && "${GPU_CHECK_CPU:-}" == 1 ]]; then echo .venv/bin/python; return; fi
+  if [[ -x .venv/bin/python && $CPU_SMOKE == 1 ]]; then echo .venv/bin/python; return; fi
   if [[ -x .venv/bin/python ]] && .venv/bin/python -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
     echo .venv/bin/python; return
   fi
   command -v python3 || die "no python3 on PATH (set PYTHON=/path/to/python)"
 }
 PY="$(pick_python)"
-
-SHIM="$(mktemp -d)"
-trap 'rm -rf "$SHIM"' EXIT
-ln -s "$ROOT/kernels" "$SHIM/bulkrun_kernels"
-export PYTHONPATH="$ROOT:$SHIM${PYTHONPATH:+:$PYTHONPATH}"
+SCRATCH="$(mktemp -d)"
+trap 'rm -rf "$SCRATCH"' EXIT
+mkdir -p "$SCRATCH/shim" "$SCRATCH/json"
+ln -s "$ROOT/kernels" "$SCRATCH/shim/bulkrun_kernels"
+export PYTHONPATH="$ROOT:$SCRATCH/shim${PYTHONPATH:+:$PYTHONPATH}"
 if compgen -G ".whl/*.whl" >/dev/null; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SHIM/site" .whl/*.whl \
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SCRATCH/site" .whl/*.whl \
     || die "installing the wheels in .whl/ failed"
-  export PYTHONPATH="$SHIM/site:$PYTHONPATH"
+  export PYTHONPATH="$SCRATCH/site:$PYTHONPATH"
 fi
-export PYTHONUNBUFFERED=1 GPU_CHECK_OUT="$OUT_DIR"
-CPU_SMOKE=0
-if [[ "${GPU_CHECK_CPU:-}" == 1 ]]; then
-  CPU_SMOKE=1
+export PYTHONUNBUFFERED=1 GPU_CHECK_JSON="$SCRATCH/json"
+if [[ $CPU_SMOKE == 1 ]]; then
   export TRITON_INTERPRET=1 BENCH_DEVICE=cpu
   DEVICE_ARGS=(--device cpu --tiny)
 else
@@ -67,27 +110,55 @@ else
 fi
 HAS_CUDA="$("$PY" -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null || echo 0)"
 FAILED=0
+USED=0  # seconds of the deadline spent
 
-# run_stage NN name timeout_s needs_cuda command...: output to stage-NN-name.txt, one summary line.
+# record num name verdict seconds limit stage_log: one summary line and one results.jsonl object
+record() {
+  local num="$1" name="$2" verdict="$3" seconds="$4" limit="$5" stage_log="$6"
+  local fig
+  fig="$(grep -a '^FIGURE: ' "$stage_log" 2>/dev/null | tail -n 1 | cut -c9-)"
+  [[ -z "$fig" ]] && fig="$(grep -av '^\s*$' "$stage_log" 2>/dev/null | tail -n 1 | cut -c1-120)"
+  printf 'stage %s %-15s %-26s %4ss  %s\n' "$num" "$name" "$verdict" "$seconds" "$fig" | tee -a "$SUMMARY"
+  "$PY" - "$num" "$name" "$verdict" "$seconds" "$limit" "$stage_log" "$fig" >>"$RESULTS" <<'PY' || true
+import json, os, sys
+num, name, verdict, seconds, limit, log, figure = sys.argv[1:]
+row = {"stage": num, "name": name, "verdict": verdict, "pass": verdict == "PASS", "seconds": int(seconds),
+       "limit_s": int(limit), "figure": figure or None}
+path = os.path.join(os.environ["GPU_CHECK_JSON"], f"stage-{num}.json")
+if os.path.exists(path):
+    with open(path) as f:
+        row["figures"] = json.load(f)
+if not row["pass"] and not verdict.startswith("skipped") and os.path.exists(log):
+    with open(log, errors="replace") as f:
+        row["output_tail"] = f.read().splitlines()[-40:]
+print(json.dumps(row, default=str))
+PY
+}
+
+# run_stage NN name own_limit needs_cuda command...
 run_stage() {
-  local num="$1" name="$2" limit="$3" needs_cuda="$4"
+  local num="$1" name="$2" own="$3" needs_cuda="$4"
   shift 4
-  if [[ -n "${STAGES:-}" && " $STAGES " != *" $num "* ]]; then return; fi
-  local log="$OUT_DIR/stage-$num-$name.txt" started=$SECONDS verdict rc
-  echo "== stage $num $name"
+  selected "$num" || return 0
+  local stage_log="$SCRATCH/stage-$num.txt" started=$SECONDS limit rc verdict
+  limit=$(stage_limit "$own" "$USED")
+  echo "== stage $num $name (limit ${limit}s)" | tee -a "$LOG"
   if [[ "$needs_cuda" == 1 && "$HAS_CUDA" != 1 ]]; then
-    echo "skipped: no CUDA" | tee "$log"
-    verdict="skipped: no CUDA"
+    echo "skipped: no CUDA" >"$stage_log"; verdict="skipped: no CUDA"
+  elif ((limit == 0)); then
+    echo "skipped: out of time" >"$stage_log"; verdict="FAIL (out of time)"; FAILED=1
   else
-    timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$log"
-    rc=${PIPESTATUS[0]}
+    timeout --kill-after=$KILL_GRACE "$limit" "$@" >"$stage_log" 2>&1
+    rc=$?
     if [[ $rc == 0 ]]; then verdict="PASS"
-    elif [[ $rc == 3 && "$name" == cuda-graphs ]]; then verdict="not available (engine)"
-    elif [[ $rc == 124 || $rc == 137 ]]; then verdict="FAIL (timed out after ${limit}s)"; FAILED=1
+    elif [[ $rc == 124 || $rc == 137 ]]; then verdict="FAIL (timed out, ${limit}s)"; FAILED=1
     else verdict="FAIL (exit $rc)"; FAILED=1
     fi
   fi
-  printf 'stage %s %-15s %-28s %4ss\n' "$num" "$name" "$verdict" "$((SECONDS - started))" | tee -a "$SUMMARY"
+  cat "$stage_log" >>"$LOG"
+  [[ $CPU_SMOKE == 1 || -n "${GPU_CHECK_VERBOSE:-}" ]] && tail -n 5 "$stage_log"
+  USED=$((USED + SECONDS - started))
+  record "$num" "$name" "$verdict" "$((SECONDS - started))" "$limit" "$stage_log"
 }
 
 environment() {
@@ -99,55 +170,67 @@ missing = [m for m in ("torch", "triton", "transformers", "tokenizers", "safeten
 if missing:
     sys.exit(f"missing packages: {', '.join(missing)} (carry them as wheels in .whl/, or set PYTHON)")
 import torch, triton, transformers
+from transformers import PreTrainedModel
+
+version = tuple(int(p) for p in transformers.__version__.split(".")[:2] if p.isdigit())
 cuda = torch.cuda.is_available()
 facts = {
     "python": sys.version.split()[0], "torch": torch.__version__, "torch_cuda": torch.version.cuda,
     "triton": triton.__version__, "transformers": transformers.__version__,
     "device": torch.cuda.get_device_name() if cuda else "no GPU (smoke run)",
-    "sm_count": torch.cuda.get_device_properties(0).multi_processor_count if cuda else None,
     "memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1) if cuda else None,
+    # what stages 04-08 use, and their fallbacks on an older transformers
+    "hf_dtype_keyword": "dtype" if version >= (4, 56) else "torch_dtype",
+    "hf_generate_batch": hasattr(PreTrainedModel, "generate_batch") or version >= (4, 56),
 }
 print(json.dumps(facts, indent=2))
-with open(os.path.join(os.environ["GPU_CHECK_OUT"], "stage-01-environment.json"), "w") as f:
+with open(os.path.join(os.environ["GPU_CHECK_JSON"], "stage-01.json"), "w") as f:
     json.dump(facts, f, indent=2)
 if not cuda and os.environ.get("GPU_CHECK_CPU") != "1":
     sys.exit(f"torch {torch.__version__} sees no CUDA device")
 import bulkrun_kernels, bulkrun.engine.core.engine  # noqa: F401  (the repo imports)
+print(f"FIGURE: torch {torch.__version__}, triton {triton.__version__}, transformers {transformers.__version__}"
+      f" ({'generate_batch' if facts['hf_generate_batch'] else 'no generate_batch: --skip-hf'}, {facts['hf_dtype_keyword']}=)")
 PY
 }
-
-echo "gpu_check: python $PY, results in $OUT_DIR"
-export -f environment  # run by `timeout` in a child bash, like every stage
+export -f environment
 export PY
-run_stage 01 environment 60 0 bash -c environment
-grep -q "PASS" "$SUMMARY" || [[ -n "${STAGES:-}" ]] || die "the environment is unusable (see $OUT_DIR/stage-01-environment.txt)"
 
-if [[ $CPU_SMOKE == 1 ]]; then
-  # The interpreter needs minutes for the whole folder on a small CPU: the smoke run proves the stage.
+echo "gpu_check: python $PY, deadline ${DEADLINE}s, results in $OUT_DIR"
+limit_of() { awk -v n="$1" '$1 == n {print $3}' <<<"$STAGE_TABLE"; }
+run_stage 01 environment "$(limit_of 01)" 0 bash -c environment
+if selected 01; then
+  grep -q "^stage 01 environment *PASS" "$SUMMARY" || die "the environment is unusable (see $LOG)"
+  HF_FACTS="$("$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["hf_dtype_keyword"], int(d["hf_generate_batch"]))' "$GPU_CHECK_JSON/stage-01.json")"
+  export GPU_CHECK_HF_DTYPE_KW="${HF_FACTS% *}"
+  [[ "${HF_FACTS#* }" == 0 ]] && GPU_CHECK_SKIP_HF=1
+fi
+HF_ARGS=()
+[[ "${GPU_CHECK_SKIP_HF:-}" == 1 ]] && HF_ARGS=(--skip-hf)
+
+if [[ $CPU_SMOKE == 1 ]]; then  # the interpreter needs minutes for the whole folder on a small CPU
   KERNEL_TESTS=(tests/kernels/test_paged_attention.py -k "decode_only or rejects")
 else
   KERNEL_TESTS=(tests/kernels)
 fi
-run_stage 02 kernel-tests 240 0 "$PY" -m pytest "${KERNEL_TESTS[@]}" -q -p no:cacheprovider -o addopts=""
-run_stage 03 attention 120 0 "$PY" bench/gpu_attention_check.py "${DEVICE_ARGS[@]}" \
-  --json "$OUT_DIR/stage-03-attention.json"
-run_stage 04 engine-triton 150 0 "$PY" bench/gpu_engine_check.py numerics "${DEVICE_ARGS[@]}" \
-  --json "$OUT_DIR/stage-04-engine-triton.json"
-run_stage 05 cuda-graphs 150 1 "$PY" bench/gpu_engine_check.py graphs "${DEVICE_ARGS[@]}" \
-  --json "$OUT_DIR/stage-05-cuda-graphs.json"
-run_stage 06 memory 120 1 "$PY" bench/gpu_engine_check.py memory "${DEVICE_ARGS[@]}" \
-  --json "$OUT_DIR/stage-06-memory.json"
+J="$GPU_CHECK_JSON"
+run_stage 02 kernel-tests "$(limit_of 02)" 0 "$PY" -m pytest "${KERNEL_TESTS[@]}" -q -x -p no:cacheprovider -o addopts=""
+run_stage 03 attention "$(limit_of 03)" 0 "$PY" bench/gpu_attention_check.py "${DEVICE_ARGS[@]}" --json "$J/stage-03.json"
+run_stage 04 engine-triton "$(limit_of 04)" 0 "$PY" bench/gpu_engine_check.py numerics "${DEVICE_ARGS[@]}" --json "$J/stage-04.json"
+run_stage 05 cuda-graphs "$(limit_of 05)" 1 "$PY" bench/gpu_engine_check.py graphs "${DEVICE_ARGS[@]}" --json "$J/stage-05.json"
+run_stage 06 memory "$(limit_of 06)" 1 "$PY" bench/gpu_engine_check.py memory "${DEVICE_ARGS[@]}" --json "$J/stage-06.json"
 if [[ $CPU_SMOKE == 1 ]]; then
-  run_stage 07 bench-tiny 240 0 "$PY" bench/gpu_bench.py --device cpu --tiny --profile \
-    --json "$OUT_DIR/stage-07-bench-tiny.json"
+  run_stage 07 bench-tiny "$(limit_of 07)" 0 "$PY" bench/gpu_bench.py --device cpu --tiny --profile "${HF_ARGS[@]}" --json "$J/stage-07.json"
 else
-  run_stage 07 bench-1b 200 1 "$PY" bench/gpu_bench.py --shape 1b --profile \
-    --json "$OUT_DIR/stage-07-bench-1b.json"
-  run_stage 08 bench-8b 240 1 "$PY" bench/gpu_bench.py --shape 8b --num-prompts 128 --output-len 128 \
-    --prompt-max 512 --profile --json "$OUT_DIR/stage-08-bench-8b.json"
+  run_stage 07 bench-1b "$(limit_of 07)" 1 "$PY" bench/gpu_bench.py --shape 1b --num-prompts 256 --output-len 128 \
+    --profile "${HF_ARGS[@]}" --json "$J/stage-07.json"
+  if [[ "${GPU_CHECK_8B:-}" == 1 ]]; then
+    run_stage 08 bench-8b "$(limit_of 08)" 1 "$PY" bench/gpu_bench.py --shape 8b --num-prompts 128 --output-len 64 \
+      --prompt-max 512 --skip-hf --json "$J/stage-08.json"
+  fi
 fi
 
-echo "== summary"
+echo "== summary (${USED}s of the ${DEADLINE}s deadline)" | tee -a "$SUMMARY"
 cat "$SUMMARY"
 echo "gpu_check: results in $OUT_DIR"
 exit $FAILED

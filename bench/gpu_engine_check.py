@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_bench import free_memory as release  # noqa: E402
 from gpu_bench import synchronize as sync  # noqa: E402
-from gpu_model import CHECK, TINY, build_model_dir, make_prompts  # noqa: E402
+from gpu_model import CHECK, TINY, build_model_dir, hf_dtype, make_prompts  # noqa: E402
 
 from bulkrun.engine.core.config import EngineConfig  # noqa: E402
 from bulkrun.engine.load import load_engine
@@ -48,6 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true", help="tiny model and workload (smoke run)")
     p.add_argument("--tie-tolerance", type=float, default=0.1, help="fp32 logit gap counted as a tie")
     p.add_argument("--max-bad-fraction", type=float, default=0.02, help="tokens allowed beyond a tie")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="fewer CUDA graph sizes to capture")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     args.dtype = "bfloat16" if args.device == "cuda" else "float32"
@@ -61,7 +62,8 @@ def engine_config(args, **overrides) -> EngineConfig:
     if missing:
         print(f"not available: EngineConfig has no {', '.join(missing)}", flush=True)
         return None
-    base = {"device": args.device, "dtype": args.dtype, "enable_prefix_caching": False}
+    base = {"device": args.device, "dtype": args.dtype, "enable_prefix_caching": False,
+            "max_num_seqs": args.max_num_seqs}  # fmt: skip
     if args.device == "cuda" and "kv_cache_bytes" not in overrides:
         base["kv_cache_bytes"] = 4 * GIB  # leave room for the fp32 judge; memory checks the default
     return EngineConfig(**{**base, **overrides})
@@ -79,6 +81,16 @@ def generate(
 ) -> tuple[list[list[int]], float]:
     """Greedy outputs in prompt order (EOS ignored) and the seconds the timed run took (after a warm-up)."""
     engine = load_engine(str(model_dir), config)
+    captured = getattr(engine.runner, "graphs", None) is not None
+    if (
+        config.device == "cuda"
+        and config.cuda_graphs
+        and config.kernels in ("auto", "triton")
+        and not captured
+    ):
+        raise RuntimeError(
+            "CUDA graphs were asked for with the Triton kernels but none were captured (see the log)"
+        )
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     engine.generate(
         [EngineRequest(f"warm{i}", p, SamplingParams(max_tokens=4)) for i, p in enumerate(prompts[:8])]
@@ -100,7 +112,7 @@ def judge(model_dir: Path, prompts, outputs_by_system: dict, args) -> dict:
     """Each generated token's fp32 regret: best fp32 logit minus the chosen token's, per system."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(args.device).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, **hf_dtype(torch.float32)).to(args.device).eval()
     verdicts = {}
     for system, outputs in outputs_by_system.items():
         regrets = []
@@ -223,6 +235,20 @@ def check_memory(args, model_dir: Path, vocab: int) -> tuple[dict, bool]:
     return figures, ok
 
 
+def figure(check: str, figures: dict) -> str:
+    """The one line a reader of gpu_check's summary needs from this check."""
+    if check == "memory":
+        return f"KV cache {figures.get('kv_cache_gib')} GiB; profiled: {figures['limits'].get('profile_step') or 'n/a'}"
+    same = figures["agreement"]
+    text = f"{same['identical_sequences']}/{same['sequences']} sequences identical"
+    if check == "graphs":
+        text += f", graphs {figures['speedup']:.2f}x eager"
+    judged = ", ".join(
+        f"{k} {v['beyond_tie']}/{v['tokens']} beyond a tie" for k, v in figures["judged"].items()
+    )
+    return f"{text}; {judged}"
+
+
 def _gib(n):
     return None if n is None else round(n / GIB, 2)
 
@@ -247,6 +273,7 @@ def main(argv=None) -> int:
         else:
             figures, ok = check_memory(args, model_dir, shape.vocab)
     figures["ok"] = ok
+    print(f"FIGURE: {figure(args.check, figures)}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2, default=str))
     print(f"{args.check}: {'ok' if ok else 'FAILED'}")

@@ -6,6 +6,7 @@ word-level one over made-up words so that every token id decodes.
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,12 +67,23 @@ def build_model_dir(shape: Shape, dtype, device: str, path: Path, max_positions:
         eos_token_id=2,
     )
     torch.manual_seed(0)
-    with torch.device(device):  # initialising on the GPU takes seconds, on the CPU minutes
-        model = LlamaForCausalLM(config).to(dtype)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # built in its dtype: an 8B model never exists in fp32 (32 GB)
+    try:
+        with torch.device(device):  # initialising on the GPU takes seconds, on the CPU minutes
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default)
     model.save_pretrained(path)
     build_tokenizer(shape.vocab).save_pretrained(path)
     del model
     return config
+
+
+def hf_dtype(dtype) -> dict:
+    """from_pretrained's dtype keyword: `dtype=` from transformers 4.56, `torch_dtype=` before (the
+    environment stage finds which and sets GPU_CHECK_HF_DTYPE_KW)."""
+    return {os.environ.get("GPU_CHECK_HF_DTYPE_KW", "dtype"): dtype}
 
 
 def make_prompts(n: int, lo: int, hi: int, vocab: int, seed: int = 0) -> list[list[int]]:

@@ -176,7 +176,7 @@ class SimulatedDeviceRunner:
     def __init__(self, device_seconds: float, num_blocks=4096, block_size=16, max_model_len=4096):
         from concurrent.futures import ThreadPoolExecutor
 
-        from bulkrun.engine.worker.step_inputs import StepState
+        from bulkrun.engine.worker.step_inputs import StepBuilder
 
         self.device_seconds = device_seconds
         self.num_blocks, self.block_size, self.max_model_len = num_blocks, block_size, max_model_len
@@ -184,7 +184,7 @@ class SimulatedDeviceRunner:
         self.vocab_size = VOCAB
         self.tokenizer = ToyTokenizer()
         self.runs_asynchronously = True
-        self.state = StepState(block_size)
+        self.state = StepBuilder(block_size)
         self._device = ThreadPoolExecutor(max_workers=1)
         self._prev_ids: list[str] = []  # the last launched step's sample rows (host side)
         self._prev_tokens: list[int] = []  # the same step's tokens (device side)
@@ -201,7 +201,7 @@ class SimulatedDeviceRunner:
 
         time.sleep(self.device_seconds)
         input_ids = inputs.input_ids.tolist()
-        for at, row in inputs.pending_inputs:
+        for at, row in zip(inputs.pending_at.tolist(), inputs.pending_rows.tolist(), strict=True):
             input_ids[at] = self._prev_tokens[row]
         rows = inputs.logits_indices.tolist()[: len(ids)]
         tokens = [(input_ids[row] + 1) % VOCAB for row in rows]

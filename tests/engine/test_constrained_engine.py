@@ -73,12 +73,21 @@ def test_constrained_outputs_are_all_valid_and_free_rows_unchanged(engine, tempe
 
 
 def test_async_scheduling_gives_the_same_tokens(engine):
+    """Both engines fresh: the module's engine has served these prompts before, and its prefix-cache
+    hits give the prompts shorter tails, hence other steps; the CPU kernels' fp32 rows are not
+    bit-identical across step compositions (batch invariance is issue 25's), and a sampled draw near
+    a CDF boundary then flips. What this test compares is scheduling alone."""
     from bulkrun.model_source import resolve_model
 
-    pipelined = load_engine(str(resolve_model(None)), EngineConfig(async_scheduling=True, dtype="float32"))
-    assert pipelined.async_scheduling
+    def fresh(async_scheduling: bool):
+        return load_engine(
+            str(resolve_model(None)), EngineConfig(async_scheduling=async_scheduling, dtype="float32")
+        )
+
+    synchronous, pipelined = fresh(False), fresh(True)
+    assert pipelined.async_scheduling and not synchronous.async_scheduling
     requests = constrained_requests(engine, 1.0, 3) + free_requests(engine)
-    want = {o.request_id: o.output_token_ids for o in engine.generate(requests)}
+    want = {o.request_id: o.output_token_ids for o in synchronous.generate(requests)}
     got = {o.request_id: o.output_token_ids for o in pipelined.generate(requests)}
     assert got == want
 

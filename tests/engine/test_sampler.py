@@ -9,9 +9,23 @@ import pytest
 import torch
 
 from bulkrun.engine.core.params import SamplingParams
-from bulkrun.engine.worker.sampler import Sampler, draw_uniform
+from bulkrun.engine.worker.sampler import Sampler as DeviceSampler
+from bulkrun.engine.worker.sampler import draw_uniform
 
 VOCAB = 50
+
+
+class Sampler:
+    """The sampler's draws read back as the step handle reads them: (tokens, {row: logprob}).
+    `widen_on_host=False` is the GPU's choice (top-p rows sort their whole vocabulary)."""
+
+    def __init__(self, seed=None, widen_on_host=True):
+        self._sampler = DeviceSampler(seed, widen_on_host=widen_on_host)
+
+    def __call__(self, logits, params, output_indices):
+        drawn = self._sampler(logits, params, output_indices)
+        values = [] if drawn.logprobs is None else drawn.logprobs.tolist()
+        return drawn.tokens.tolist(), dict(zip(drawn.logprob_rows, values, strict=True))
 
 
 def _logits(rows: int, seed: int = 0) -> torch.Tensor:
@@ -57,8 +71,8 @@ def test_seeded_draws_follow_the_distribution():
     assert counts[3] / 3000 == pytest.approx(0.6, abs=0.04)
 
 
-def _support(logits: torch.Tensor, params: SamplingParams, draws: int = 400) -> set[int]:
-    sampler = Sampler(seed=0)
+def _support(logits: torch.Tensor, params: SamplingParams, draws: int = 400, widen=True) -> set[int]:
+    sampler = Sampler(seed=0, widen_on_host=widen)
     return {sampler(logits, [params], [j])[0][0] for j in range(draws)}
 
 
@@ -68,12 +82,24 @@ def test_top_k_keeps_only_the_k_best():
     assert _support(logits, SamplingParams(temperature=5.0, top_k=3, seed=1)) == best3
 
 
-def test_top_p_keeps_the_smallest_set_reaching_p():
+@pytest.mark.parametrize("widen", [True, False])
+def test_top_p_keeps_the_smallest_set_reaching_p(widen):
     probs = torch.tensor([[0.5, 0.25, 0.15, 0.1]])
     logits = torch.cat([probs.log(), torch.full((1, VOCAB - 4), -30.0)], dim=1)
-    assert _support(logits, SamplingParams(temperature=1.0, top_p=0.7, seed=1)) == {0, 1}
-    assert _support(logits, SamplingParams(temperature=1.0, top_p=0.8, seed=1)) == {0, 1, 2}
-    assert _support(logits, SamplingParams(temperature=1.0, top_p=0.5, seed=1)) == {0}
+    assert _support(logits, SamplingParams(temperature=1.0, top_p=0.7, seed=1), widen=widen) == {0, 1}
+    assert _support(logits, SamplingParams(temperature=1.0, top_p=0.8, seed=1), widen=widen) == {0, 1, 2}
+    assert _support(logits, SamplingParams(temperature=1.0, top_p=0.5, seed=1), widen=widen) == {0}
+
+
+def test_top_p_draws_the_same_token_with_or_without_widening_on_the_host():
+    # nearly flat, no ties: the host path widens past 1,024 candidates; the device path sorts at once
+    logits = torch.randn(1, 3000, generator=torch.Generator().manual_seed(8)) * 0.3
+    params = [SamplingParams(temperature=1.0, top_p=p, seed=s) for p in (0.3, 0.9, 0.99) for s in (1, 2, 3)]
+    rows = torch.cat([logits] * len(params))
+    indices = list(range(len(params)))
+    host, _ = Sampler(widen_on_host=True)(rows, params, indices)
+    device, _ = Sampler(widen_on_host=False)(rows, params, indices)
+    assert host == device
 
 
 def test_top_p_falls_back_to_a_full_sort_when_candidates_are_too_few():

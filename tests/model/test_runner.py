@@ -49,12 +49,18 @@ def test_runner_exposes_what_the_engine_needs(setup):
     assert runner.tokenizer.encode("w5 w6", add_special_tokens=False) == [5, 6]
 
 
-def test_greedy_sample_logprob_and_scores(setup):
+@pytest.mark.parametrize("logprobs", [True, False], ids=["sampled-row", "plain-greedy-row"])
+@pytest.mark.parametrize("screened", [True, False], ids=["greedy-head", "full-head"])
+def test_greedy_sample_logprob_and_scores(setup, monkeypatch, logprobs, screened):
+    """Scores come from the scored rows whether the sample row is drawn, screened by the greedy
+    head, or takes the argmax of the full head's logits (the GPU's path)."""
     hf, runner = setup
+    if not screened:
+        monkeypatch.setattr(runner, "greedy_head", None)
     gen = torch.Generator().manual_seed(3)
     prompt = torch.randint(3, VOCAB, (10,), generator=gen).tolist()
     other = torch.randint(3, VOCAB, (9,), generator=gen).tolist()
-    gen_req = _request("g", prompt, [7, 2, 11], logprobs=True)
+    gen_req = _request("g", prompt, [7, 2, 11], logprobs=logprobs)
     # a scoring child: a 6-token prompt + a 3-token continuation, computed in one chunk
     score_req = _request("s", other, [5, 9, 0])
     score_req.scoring = ScoringState(score_start=6)  # score token_ids[6:] = the 3-token continuation
@@ -65,7 +71,8 @@ def test_greedy_sample_logprob_and_scores(setup):
     )
     expected = _hf_logprobs(hf, prompt)[-1]
     assert out.sampled == {"g": int(expected.argmax())}
-    assert out.sampled_logprobs["g"] == pytest.approx(float(expected.max()), abs=1e-4)
+    if logprobs:
+        assert out.sampled_logprobs["g"] == pytest.approx(float(expected.max()), abs=1e-4)
     ref = _hf_logprobs(hf, other)
     want = [float(ref[p, other[p + 1]]) for p in range(5, 8)]
     assert out.score_logprobs["s"] == pytest.approx(want, abs=1e-4)

@@ -23,7 +23,8 @@ class EngineLimits:
     chosen_for_device: bool  # False: the budget came from the config
     num_kv_blocks: int = 0
     kv_cache_bytes: int = 0
-    profile_peak_bytes: int = 0  # activations of a full-budget step (CUDA), measured
+    profile_peak_bytes: int = 0  # activations of the largest step (CUDA), measured
+    profile_step: str = ""  # that step in words (CUDA): its sequences, scored rows, sampler rows
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -9,7 +9,7 @@ when its last child does.
 
 Fixed points: the scheduler calls `start_scoring` when a scoring request arrives and `apply_results`
 when a step's results land; the step-input builder calls `score_rows` per scheduled chunk and the
-runner calls `worker.score_logprobs.compute_logprobs` once per step.
+runner calls `worker.score_logprobs.score_logprobs` once per step.
 """
 
 from __future__ import annotations

@@ -26,7 +26,9 @@ def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     return bits.reshape(bitmask.shape[0], -1)[:, :vocab].bool()
 
 
-def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int] | None = None) -> None:
+def apply_token_bitmask(
+    logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int] | torch.Tensor | None = None
+) -> None:
     """Set disallowed logits to -inf in place.
 
     logits [N, V] (any float dtype, any device); bitmask [R, ceil(V/32)] int32 (any device: moved to
@@ -41,9 +43,14 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[
     count = n if rows is None else len(rows)
     if bitmask.shape[0] < count:
         raise ValueError(f"bitmask has {bitmask.shape[0]} rows for {count} logits rows")
-    allowed = unpack_bitmask(bitmask[:count].to(logits.device, non_blocking=True), vocab)
+    bitmask = bitmask[:count]
+    if bitmask.device != logits.device:
+        bitmask = bitmask.to(logits.device)
+    allowed = unpack_bitmask(bitmask, vocab)
     if rows is None:
         logits.masked_fill_(~allowed, float("-inf"))
         return
-    index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+    index = (
+        rows if isinstance(rows, torch.Tensor) else torch.tensor(rows, dtype=torch.long, device=logits.device)
+    )
     logits.index_copy_(0, index, logits.index_select(0, index).masked_fill_(~allowed, float("-inf")))

@@ -8,9 +8,9 @@ that computes while the host's cores are free. On the CPU the forward already ke
 busy, and a side thread competing with its threads costs the forward more than the fill itself
 (measured: constrained throughput 0.75x with the side thread), so there the fill runs first, on all
 cores, and the forward after it. After the forward, `apply`
-masks the logits rows (greedy and sampled rows alike: the sampler then sees only allowed tokens),
-and `screen` checks the tokens the screened greedy head chose without logits: a constrained row
-keeps its token only if its grammar allows it, else it is taken again from its masked logits.
+masks the logits rows (greedy and sampled rows alike: the sampler then sees only allowed tokens).
+A constrained row always gets its logits (never the screened greedy head, whose token the host
+would have to read back to check against the grammar).
 """
 
 from __future__ import annotations
@@ -66,30 +66,21 @@ class StepMasks:
         self.rows, self.matchers, self._bitmask, self._future = rows, matchers, bitmask, future
         self._slot = {row: j for j, row in enumerate(rows)}
 
+    def covers(self, row: int) -> bool:
+        """Whether sample row `row` is constrained."""
+        return row in self._slot
+
     def _mask(self) -> np.ndarray:
         self._future.result()  # the fill ran while the forward did
         return self._bitmask
 
-    def apply(self, logits: torch.Tensor, logits_rows: list[int] | range) -> None:
-        """Mask `logits` in place; logits row k holds sample row logits_rows[k]."""
+    def apply(self, logits: torch.Tensor, logits_rows: list[int] | range, stage) -> None:
+        """Mask `logits` in place; logits row k holds sample row logits_rows[k]. `stage` puts host
+        data on the device (Staging.to_device): the mask rows and their logits rows cross
+        together, and nothing waits for the device."""
         picked = [(k, self._slot[row]) for k, row in enumerate(logits_rows) if row in self._slot]
         if not picked:
             return
         at, slots = zip(*picked, strict=True)
-        mask = torch.from_numpy(self._mask()[list(slots)])
-        apply_token_bitmask(logits, mask, list(at))
-
-    def screen(self, tokens: torch.Tensor, screened: list[int], h: torch.Tensor, model) -> None:
-        """`tokens[screened]` came from the screened greedy head (no logits, no mask): a constrained
-        row whose token its grammar refuses takes the argmax of its masked logits instead."""
-        check = [i for i in screened if i in self._slot]
-        if not check:
-            return
-        self._mask()  # the matchers are the filler's until it is done
-        chosen = tokens[check].tolist()
-        bad = [i for i, t in zip(check, chosen, strict=True) if not self.matchers[self._slot[i]].allows(t)]
-        if not bad:
-            return
-        logits = model.logits(h[bad]).float()
-        self.apply(logits, bad)
-        tokens[bad] = logits.argmax(dim=-1)
+        mask = stage(self._mask()[list(slots)])
+        apply_token_bitmask(logits, mask, stage(at, torch.int64))

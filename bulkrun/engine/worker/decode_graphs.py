@@ -6,7 +6,8 @@ smallest captured size >= n: its inputs are copied into static buffers, the rows
 padding (token 0 at position 0, writing into a block the scheduler never hands out, attending to
 that one slot), and the first n rows of the static output are the step's hidden states.
 
-Mixed and prefill steps, steps larger than the largest graph, steps whose longest context is
+Graphs are captured only with the Triton kernels (capture_wanted), after a warm-up of every size under
+torch.cuda.set_sync_debug_mode("error"). Mixed and prefill steps, steps larger than the largest graph, steps whose longest context is
 past the graphs' block-table width and every step after a failed capture run eagerly. That width
 is the split-KV kernel's long-partition length, the context below which it splits a decode step by
 occupancy alone: so a graph's split (fixed at capture from its shapes) is the one an eager step of
@@ -18,6 +19,7 @@ eagerly, so it is checked against the unpadded one everywhere.
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager, suppress
 
 import torch
 
@@ -45,6 +47,57 @@ def graph_context_tokens() -> int:
     return LONG_PARTITION_KEYS
 
 
+def capture_wanted(device_type: str, cuda_graphs: bool, backend: str) -> bool:
+    """Graphs where they can be captured: CUDA, asked for, and the Triton kernels (the reference
+    kernels plan each step on the host, which a captured graph cannot replay)."""
+    return device_type == "cuda" and cuda_graphs and backend == "triton"
+
+
+class GraphCapture:
+    """The CUDA calls a capture makes (tests pass a fake: this machine has no GPU)."""
+
+    def sync_errors(self):
+        return _sync_debug_errors()
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize()
+
+    def new_graph(self):
+        return torch.cuda.CUDAGraph()
+
+    @contextmanager
+    def capture(self, graph, pool):
+        """torch.cuda.graph without its failure mode: when the captured code raises, torch's
+        context leaves the capture stream current and the capture open; here the capture is
+        ended, the graph reset and the caller's stream restored before the error goes on."""
+        torch.cuda.synchronize()
+        with torch.cuda.stream(torch.cuda.Stream()):
+            graph.capture_begin(*(() if pool is None else (pool,)))
+            try:
+                yield
+            except BaseException:
+                with suppress(Exception):  # an invalidated capture still ends (CUDA returns an error)
+                    graph.capture_end()
+                graph.reset()
+                raise
+            graph.capture_end()
+
+
+@contextmanager
+def _sync_debug_errors():
+    before = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(before)
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class DecodeGraphs:
     def __init__(self, runner, sizes: list[int]):
         self.runner = runner
@@ -61,23 +114,37 @@ class DecodeGraphs:
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
     @classmethod
-    def capture(cls, runner, sizes: list[int]) -> DecodeGraphs | None:
+    def capture(cls, runner, sizes: list[int], cuda: GraphCapture | None = None) -> DecodeGraphs | None:
         """Capture every size (largest first, sharing one memory pool); None, with one log line,
-        when capture fails (the runner then runs every step eagerly)."""
+        when a size cannot be captured (the runner then runs every step eagerly).
+
+        Every size runs once first under torch.cuda.set_sync_debug_mode("error"): a forward that
+        would synchronise with the host (which a capture cannot hold) raises there, before any
+        capture has begun. A capture that fails anyway ends its capture and leaves its stream
+        (GraphCapture.capture), and every graph is dropped, so the process goes on eagerly."""
+        cuda = cuda or GraphCapture()
         graphs = cls(runner, sizes)
+        try:
+            with cuda.sync_errors():
+                for size in reversed(graphs.sizes):  # warm up: compile kernels, allocate workspaces
+                    graphs._pad_all(size)
+                    graphs._forward(size)
+            cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 - a sync or any other failure: eager, nothing captured
+            log.warning("decode steps run eagerly: the forward cannot be captured: %s", _first_line(exc))
+            return None
         try:
             pool = None
             for size in reversed(graphs.sizes):
                 graphs._pad_all(size)
-                graphs._forward(size)  # warm up: compile kernels, allocate workspaces
-                torch.cuda.synchronize(runner.device)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
+                graph = cuda.new_graph()
+                with cuda.capture(graph, pool):
                     out = graphs._forward(size)
                 pool = graph.pool()
                 graphs.graphs[size] = (graph, out)
         except Exception as exc:  # noqa: BLE001 - any failure means: run eagerly
-            log.warning("CUDA graph capture failed, decode steps run eagerly: %s", str(exc).splitlines()[0])
+            graphs.graphs.clear()
+            log.warning("CUDA graph capture failed, decode steps run eagerly: %s", _first_line(exc))
             return None
         return graphs
 

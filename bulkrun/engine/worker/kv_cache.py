@@ -17,7 +17,6 @@ from bulkrun.model.config import ModelConfig
 
 CPU_DEFAULT_FRACTION = 0.25  # of available memory
 CPU_DEFAULT_CAP = 4 << 30
-CUDA_FREE_FRACTION = 0.9  # of the device memory left after the weights and a profiling step
 
 
 def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -27,12 +26,6 @@ def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> in
 
 def default_cpu_kv_bytes() -> int:
     return int(min(CPU_DEFAULT_FRACTION * psutil.virtual_memory().available, CPU_DEFAULT_CAP))
-
-
-def default_cuda_kv_bytes(device: torch.device, activation_peak_bytes: int) -> int:
-    """What is free on the device now, less headroom and the activations a full step needs."""
-    free, _ = torch.cuda.mem_get_info(device)
-    return max(0, int(CUDA_FREE_FRACTION * free) - activation_peak_bytes)
 
 
 class KVCache:

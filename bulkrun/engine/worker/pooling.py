@@ -7,6 +7,8 @@ comes here as one row per request. Pooling is fp32 whatever the model computed i
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -39,22 +41,35 @@ def pool_packed(hidden: torch.Tensor, lengths: list[int], methods: list[str]) ->
     return pooled
 
 
-def pool_last_rows(rows: ScoreRows, hidden: torch.Tensor, result: RunnerOutput) -> None:
+def pool_last_rows(rows: ScoreRows, hidden: torch.Tensor, handle) -> None:
     """The decoder runner's fixed point: the step's final hidden rows end with one row per POOL
-    request whose last prompt token was computed (ScoreRows order); their vectors go to result.pooled.
+    request whose last prompt token was computed (ScoreRows order). Their vectors stay on the device
+    until the step handle's result() fills result.pooled (no host wait inside launch()).
     Only last-token pooling exists here: a decoder's earlier rows are gone once their chunk ran."""
     requests = rows.pool_requests
-    vectors = finish(hidden[hidden.shape[0] - len(requests) :].float(), [r.pooling for r in requests])
-    result.pooled.update(zip((r.request_id for r in requests), vectors, strict=True))
+    last = hidden[hidden.shape[0] - len(requests) :].float()
+    for start, vectors in finish_on_device(last, [r.pooling for r in requests]):
+        ids = [r.request_id for r in requests[start : start + vectors.shape[0]]]
+        handle.read_back(vectors, partial(_fill_pooled, ids))
+
+
+def _fill_pooled(ids: list[str], vectors: np.ndarray, result: RunnerOutput) -> None:
+    result.pooled.update(zip(ids, vectors, strict=True))
 
 
 def finish(pooled: torch.Tensor, params: list[PoolingParams]) -> list[np.ndarray]:
     """Each row cut to its request's dimensions (Matryoshka: first N, then normalized) and
     normalized where asked; float32 numpy vectors on the host."""
+    return [row for _, rows in finish_on_device(pooled, params) for row in rows.cpu().numpy()]
+
+
+def finish_on_device(pooled: torch.Tensor, params: list[PoolingParams]) -> list[tuple[int, torch.Tensor]]:
+    """(first row, finished rows) groups, still on the device: the whole batch as one vector
+    operation when every row has the same settings, else one row at a time (slices, no index)."""
     first = params[0]
-    if all(p == first for p in params):  # one setting for the whole batch: one vector operation
-        return list(_finish_rows(pooled, first).cpu().numpy())
-    return [_finish_rows(pooled[i : i + 1], p)[0].cpu().numpy() for i, p in enumerate(params)]
+    if all(p == first for p in params):
+        return [(0, _finish_rows(pooled, first))]
+    return [(i, _finish_rows(pooled[i : i + 1], p)) for i, p in enumerate(params)]
 
 
 def _finish_rows(rows: torch.Tensor, p: PoolingParams) -> torch.Tensor:

@@ -1,18 +1,20 @@
 """The model runner: owns the model, the KV cache and the sampler; executes one scheduled step.
 
-launch() builds the step from persistent host state (StepState), runs the model and the sampler,
-and returns a handle; the sampled tokens stay on the device until the handle's result() is asked
-for, so on CUDA the host can schedule and launch the next step meanwhile (async scheduling): the
-next step takes the inputs it needs from the previous step's token tensor on the device.
+launch() builds the step from the scheduler's RunningBatch (StepBuilder), sends it through Staging,
+runs the model and the sampler, and returns a handle; sampled tokens, log-probabilities and scores
+stay on the device until the handle's result() is asked for, so on CUDA the host can schedule and
+launch the next step meanwhile (async scheduling): the next step takes the inputs it needs from the
+previous step's token tensor on the device. Nothing in launch() waits for the device.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from itertools import repeat
 from operator import attrgetter, is_
 
+import numpy as np
 import torch
 
 from bulkrun.engine.core.config import EngineConfig
@@ -20,13 +22,14 @@ from bulkrun.engine.core.limits import EngineLimits, choose_limits
 from bulkrun.engine.core.runner_output import RunnerOutput
 from bulkrun.engine.core.scheduler import SchedulerOutput
 from bulkrun.engine.structured_output.step_masks import GrammarMasks, StepMasks
-from bulkrun.engine.worker import loaded_model
-from bulkrun.engine.worker.decode_graphs import DecodeGraphs, graph_batch_sizes
-from bulkrun.engine.worker.kv_cache import KVCache, default_cpu_kv_bytes, default_cuda_kv_bytes
+from bulkrun.engine.worker import loaded_model, memory_profile
+from bulkrun.engine.worker.decode_graphs import DecodeGraphs, capture_wanted, graph_batch_sizes
+from bulkrun.engine.worker.kv_cache import KVCache, default_cpu_kv_bytes
 from bulkrun.engine.worker.pooling import pool_last_rows
 from bulkrun.engine.worker.sampler import Sampler
-from bulkrun.engine.worker.score_logprobs import compute_logprobs
-from bulkrun.engine.worker.step_inputs import StepInputs, StepState
+from bulkrun.engine.worker.score_logprobs import score_logprobs
+from bulkrun.engine.worker.staging import Staging
+from bulkrun.engine.worker.step_inputs import StepBuilder, StepInputs
 from bulkrun_kernels.reference import plan_attention
 
 log = logging.getLogger(__name__)
@@ -54,6 +57,10 @@ class ModelRunner:
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.block_size = config.block_size
+        self.builder = StepBuilder(self.block_size)
+        self.staging = Staging(self.device)  # every host <-> device crossing of a step
+        # top-p candidates widened on the host only where host and device are one (the CPU)
+        self.sampler = Sampler(staging=self.staging, widen_on_host=self.device.type == "cpu")
         memory = (
             torch.cuda.get_device_properties(self.device).total_memory if self.device.type == "cuda" else 0
         )
@@ -68,14 +75,12 @@ class ModelRunner:
             )
         self.limits.num_kv_blocks, self.limits.kv_cache_bytes = self.num_blocks, budget
         self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
-        self.state = StepState(self.block_size, self.limits.max_num_seqs, self.max_blocks_per_seq)
-        self.sampler = Sampler()
         self.runs_asynchronously = self.device.type == "cuda"  # the engine's async default
         self.pools = True  # POOL requests: their last prompt row's final hidden state (pooling.py)
         self._prev_tokens: torch.Tensor | None = None  # the last step's sampled tokens, on the device
         self._prev_rows: Mapping[str, int] = {}  # request id -> row of _prev_tokens
         self.graphs: DecodeGraphs | None = None
-        if self.device.type == "cuda" and config.cuda_graphs:
+        if capture_wanted(self.device.type, config.cuda_graphs, self.ops.backend):
             self.graphs = DecodeGraphs.capture(self, graph_batch_sizes(self.limits.max_num_seqs))
 
     def _kv_budget(self) -> int:
@@ -84,7 +89,8 @@ class ModelRunner:
         if self.device.type != "cuda":
             return default_cpu_kv_bytes()
         self.limits.profile_peak_bytes = self._profile_activation_bytes()
-        return default_cuda_kv_bytes(self.device, self.limits.profile_peak_bytes)
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return memory_profile.kv_cache_bytes(free, self.limits.profile_peak_bytes)
 
     @property
     def padding_block(self) -> int:
@@ -96,26 +102,39 @@ class ModelRunner:
 
     @torch.inference_mode()
     def launch(self, out: SchedulerOutput) -> StepHandle:
-        """Run the step on the device; the handle's result() waits for its tokens."""
+        """Queue the step on the device; the handle's result() waits for its tokens. Nothing in
+        here waits for the device (tests/model/test_runner_syncs.py): host data crosses through
+        self.staging, and every result stays on the device until result()."""
         result = RunnerOutput()
         if not out.requests:
             return StepHandle(result)
-        inputs = self._to_device(self.state.build(out, self._prev_rows))
-        if inputs.pending_inputs:
-            at, prev = zip(*inputs.pending_inputs, strict=True)
-            index = torch.tensor(at, device=self.device)
-            inputs.input_ids[index] = self._prev_tokens[torch.tensor(prev, device=self.device)]
+        inputs = self._to_device(self.builder.build(out, self._prev_rows))
+        self._place_pending_inputs(inputs)
         requests = inputs.sample_requests
         # the constrained rows' masks (none when the engine says no request is constrained)
         masks = self.grammar_masks.start(requests) if out.constrained is not False else None
         h = self._final_hidden(inputs)
+        handle = StepHandle(result, requests, self.staging)
         if inputs.scores.pool_requests:
-            pool_last_rows(inputs.scores, h, result)
+            pool_last_rows(inputs.scores, h, handle)
         # the running batch knows when every request takes the plain argmax: no per-row look
         plain = out.batch is not None and out.batch.num_not_plain_greedy == 0
-        tokens = self._sample(requests, h, inputs, result, masks, plain)
+        tokens = self._sample(requests, h, inputs, handle, masks, plain)
         self._prev_tokens, self._prev_rows = tokens, _RowOf(requests)
-        return StepHandle(result, tokens, requests)
+        handle.launched(tokens)
+        return handle
+
+    def _place_pending_inputs(self, inputs: StepInputs) -> None:
+        """Inputs that are the previous step's sampled tokens, taken from them on the device."""
+        k = len(inputs.pending_at)
+        if not k:
+            return
+        if inputs.pending_rows_line_up:  # an unchanged decode batch: one slice copy
+            inputs.input_ids[:k].copy_(self._prev_tokens[:k])
+            return
+        stage = self.staging.to_device
+        rows = self._prev_tokens.index_select(0, stage(inputs.pending_rows))
+        inputs.input_ids.index_copy_(0, stage(inputs.pending_at), rows)
 
     def _final_hidden(self, inputs: StepInputs) -> torch.Tensor:
         # a decode step in which every row samples: its logits rows are exactly its rows
@@ -132,46 +151,55 @@ class ModelRunner:
         requests: list,
         h: torch.Tensor,
         inputs: StepInputs,
-        result: RunnerOutput,
+        handle: StepHandle,
         masks: StepMasks | None,
         all_plain_greedy: bool = False,
     ) -> torch.Tensor:
-        """Tokens of the sample rows (h's first len(requests) rows), left on the device; fills
-        result's log-probabilities and scores. Constrained rows sample from masked logits."""
+        """Tokens of the sample rows (h's first len(requests) rows), left on the device, as are the
+        log-probabilities and scores the handle reads back. Constrained rows sample from masked
+        logits (never from the screened greedy head, whose token the host would have to check)."""
         n = len(requests)
+        stage = self.staging.to_device
         greedy = list(range(n)) if all_plain_greedy else self._greedy_rows(requests)
-        tokens = torch.empty(n, dtype=torch.long, device=h.device)
+        if self.greedy_head is not None and greedy:
+            if masks is not None:
+                greedy = [i for i in greedy if not masks.covers(i)]
         if self.greedy_head is not None and greedy:
             if len(greedy) == n:
                 tokens = self.greedy_head(h[:n])
-                logits = self.model.logits(h[n:])
                 rest = []
             else:
-                tokens[greedy] = self.greedy_head(h[greedy])
-                logits = self.model.logits(_without_rows(h, greedy))  # every other row, in order
-                screened = set(greedy)
-                rest = [i for i in range(n) if i not in screened]
+                screened = stage(greedy, torch.int64)
+                tokens = torch.empty(n, dtype=torch.long, device=h.device)
+                tokens.index_copy_(0, screened, self.greedy_head(h.index_select(0, screened)))
+                taken = set(greedy)
+                rest = [i for i in range(n) if i not in taken]
+            # every other row, in order: the sampled rows, then the scored ones
+            logits = self.model.logits(h[n:] if not rest else _rows_from(h, rest, n, stage))
             if masks is not None:
-                masks.screen(tokens, greedy, h, self.model)
-                masks.apply(logits, rest)
+                masks.apply(logits, rest, stage)
         else:
             logits = self.model.logits(h)
             if masks is not None:
-                masks.apply(logits, range(n))
-            if len(greedy) == n:  # argmax on the device: nothing waits for the host
-                tokens = logits[:n].argmax(dim=-1)
-                rest = []
-            else:
-                rest = list(range(n))
+                masks.apply(logits, range(n), stage)
+            rest = [] if len(greedy) == n else list(range(n))
+            tokens = logits[:n].argmax(dim=-1) if not rest else None
+            if not rest:  # the scored rows follow the greedy sample rows
+                logits = logits[n:]
         if rest:
             params = [requests[i].params for i in rest]
             # the index of the token drawn: a pure function of the position, whatever has landed
             output_indices = [int(inputs.sample_ends[i]) - requests[i].num_prompt_tokens for i in rest]
-            drawn, row_logprobs = self.sampler(logits[: len(rest)], params, output_indices)
-            tokens[torch.tensor(rest, device=h.device)] = torch.tensor(drawn, device=h.device)
-            for j, value in row_logprobs.items():
-                result.sampled_logprobs[requests[rest[j]].request_id] = value
-        compute_logprobs(inputs.scores, logits, len(rest), result)
+            drawn = self.sampler(logits[: len(rest)], params, output_indices)
+            if tokens is None:  # every row was drawn
+                tokens = drawn.tokens
+            else:
+                tokens.index_copy_(0, stage(rest, torch.int64), drawn.tokens)
+            if drawn.logprobs is not None:
+                ids = [requests[rest[j]].request_id for j in drawn.logprob_rows]
+                handle.read_back(drawn.logprobs, _fill_sampled_logprobs(ids))
+        for values, fill in score_logprobs(inputs.scores, logits, len(rest), stage):
+            handle.read_back(values, fill)
         return tokens
 
     def _greedy_rows(self, requests: list) -> list[int]:
@@ -184,45 +212,72 @@ class ModelRunner:
 
     def _to_device(self, inputs: StepInputs) -> StepInputs:
         md = inputs.metadata
-        query_start_loc, seq_lens = md.query_start_loc, md.seq_lens  # host copies for the plan
-        if self.device.type != "cpu":  # from pinned staging copies, so the copies are asynchronous
-            for name in ("positions", "slot_mapping", "block_tables", "query_start_loc", "seq_lens"):
-                setattr(md, name, getattr(md, name).pin_memory().to(self.device, non_blocking=True))
-            inputs.input_ids = inputs.input_ids.pin_memory().to(self.device, non_blocking=True)
-            inputs.logits_indices = inputs.logits_indices.pin_memory().to(self.device, non_blocking=True)
-        if self.ops.backend == "reference":
-            md.plan = plan_attention(md.block_tables, query_start_loc, seq_lens, self.block_size, self.dtype)
+        host = md.block_tables, md.query_start_loc, md.seq_lens  # for the reference kernels' plan
+        stage = self.staging.to_device
+        for name in ("positions", "slot_mapping", "block_tables", "query_start_loc", "seq_lens"):
+            setattr(md, name, stage(getattr(md, name)))
+        inputs.input_ids = stage(inputs.input_ids)
+        inputs.logits_indices = stage(inputs.logits_indices)
+        if self.ops.backend == "reference":  # host data: the plan reads it without a device sync
+            md.plan = plan_attention(*host, self.block_size, self.dtype)
         return inputs
+
+    def _largest_step(self) -> tuple[StepInputs, KVCache, list[int]]:
+        """The largest step's inputs (on the device), a scratch KV cache for it, and its lengths."""
+        from bulkrun.engine.core.params import SamplingParams
+        from bulkrun.engine.core.request import Request
+        from bulkrun.engine.core.scheduler import ScheduledRequest, SchedulerOutput
+        from bulkrun.engine.core.scoring import ScoringState
+
+        bs = self.block_size
+        lengths = memory_profile.profile_step_lengths(self.limits.max_num_batched_tokens, self.max_model_len)
+        blocks = [-(-n // bs) for n in lengths]
+        scratch = KVCache(self.model.cfg, sum(blocks), bs, self.dtype, self.device)
+        scheduled, first = [], 0
+        for i, (n, b) in enumerate(zip(lengths, blocks, strict=True)):
+            table = list(range(first, first + b))
+            r = Request(f"profile{i}", SamplingParams(), [3] * n, n, block_table=table)
+            r.scoring = ScoringState(score_start=1)  # every row but the last scores the next token
+            scheduled.append(ScheduledRequest(r, n, False))
+            first += b
+        inputs = self._to_device(self.builder.build(SchedulerOutput(scheduled), pending={}))
+        return inputs, scratch, lengths
 
     @torch.inference_mode()
     def _profile_activation_bytes(self) -> int:
-        """Peak extra device memory of a step at the full token budget: one prompt chunk whose
-        every row is scored (a long continuation), so its logits and log_softmax are all there."""
+        """Peak extra device memory of the largest step (memory_profile): the full token budget in
+        as many sequences as the context makes it take, built through a RunningBatch as every step
+        is, every row scored, then the sampler on the most rows that sample in a step (a top-p row
+        sorts its whole vocabulary on a GPU). Never below the estimate from the shapes."""
         from bulkrun.engine.core.params import SamplingParams
-        from bulkrun.engine.core.request import Request
-        from bulkrun.engine.core.scheduler import ScheduledRequest
-        from bulkrun.engine.worker.step_inputs import build_step_inputs
 
-        cfg = self.model.cfg
-        tokens = max(1, min(self.limits.max_num_batched_tokens, self.max_model_len))
-        num_blocks = -(-tokens // self.block_size)
-        scratch = KVCache(cfg, num_blocks, self.block_size, self.dtype, self.device)
-        request = Request(
-            "profile", SamplingParams(), [0] * tokens, tokens, block_table=list(range(num_blocks))
-        )
-        inputs = self._to_device(
-            build_step_inputs([ScheduledRequest(request, tokens, False)], self.block_size)
-        )
-        inputs.logits_indices = torch.arange(tokens, device=self.device)
+        cfg, budget = self.model.cfg, self.limits.max_num_batched_tokens
+        inputs, scratch, lengths = self._largest_step()
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         before = torch.cuda.memory_allocated(self.device)
-        logits = self.model(inputs.input_ids, inputs.metadata, scratch.layers, inputs.logits_indices)
-        logits.float().log_softmax(dim=-1)
+        h = self.model.final_hidden(inputs.input_ids, inputs.metadata, scratch.layers, inputs.logits_indices)
+        logits = self.model.logits(h)
+        scores = score_logprobs(inputs.scores, logits, 0, self.staging.to_device)
+        rows = max(1, min(self.limits.max_num_seqs, logits.shape[0]))
+        nucleus = SamplingParams(temperature=1.0, top_p=0.9, seed=0)
+        drawn = self.sampler(logits[:rows].float(), [nucleus] * rows, [0] * rows)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device) - before
-        del scratch, logits, inputs
+        del scratch, logits, inputs, h, scores, drawn
         torch.cuda.empty_cache()
+        shape = memory_profile.ModelShape(
+            cfg.hidden_size,
+            cfg.num_layers,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.intermediate_size,
+            cfg.vocab_size,
+        )
+        estimate = memory_profile.largest_step_bytes(shape, budget, rows, self.dtype.itemsize)["total"]
+        peak = max(peak, estimate)
+        self.limits.profile_step = memory_profile.describe(lengths, rows, peak)
+        log.info("memory profile: %s", self.limits.profile_step)
         return peak
 
 
@@ -248,24 +303,37 @@ class _RowOf(Mapping):
         return len(self._requests)
 
 
-def _without_rows(h: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    if not rows:
-        return h
-    keep = torch.ones(h.shape[0], dtype=torch.bool, device=h.device)
-    keep[rows] = False
-    return h[keep]
+def _rows_from(h: torch.Tensor, rest: list[int], n: int, stage) -> torch.Tensor:
+    """h's sample rows `rest` (in order), then all of its rows past the n sample rows."""
+    keep = np.concatenate([np.asarray(rest, np.int64), np.arange(n, h.shape[0], dtype=np.int64)])
+    return h.index_select(0, stage(keep))
+
+
+def _fill_sampled_logprobs(request_ids: list[str]):
+    def fill(values: np.ndarray, result: RunnerOutput) -> None:
+        result.sampled_logprobs.update(zip(request_ids, values.tolist(), strict=True))
+
+    return fill
 
 
 class StepHandle:
-    """A launched step: result() waits for its sampled tokens and returns the RunnerOutput."""
+    """A launched step: result() waits for its sampled tokens (and whatever else the step reads
+    back) and returns the RunnerOutput."""
 
-    def __init__(self, result: RunnerOutput, tokens: torch.Tensor | None = None, requests: list = ()):
-        self._result, self._requests = result, requests
-        self._tokens = tokens
+    def __init__(self, result: RunnerOutput, requests: list = (), staging: Staging | None = None):
+        self._result, self._requests, self._staging = result, requests, staging
+        self._tokens: torch.Tensor | None = None
+        self._reads: list[tuple[torch.Tensor, Callable]] = []
         self._event = None
-        if tokens is not None and tokens.is_cuda:  # copy back without blocking; wait in result()
-            self._tokens = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-            self._tokens.copy_(tokens, non_blocking=True)
+
+    def read_back(self, values: torch.Tensor, fill: Callable[[np.ndarray, RunnerOutput], None]) -> None:
+        """Copy `values` back without waiting; fill(host values, output) runs in result()."""
+        self._reads.append((self._staging.to_host(values), fill))
+
+    def launched(self, tokens: torch.Tensor) -> None:
+        """The step's last work is queued: copy its tokens back, and mark when all has landed."""
+        self._tokens = self._staging.to_host(tokens)
+        if self._staging.pinned:
             self._event = torch.cuda.Event()
             self._event.record()
 
@@ -276,7 +344,9 @@ class StepHandle:
             if self._event is not None:
                 self._event.synchronize()
             self._result.sampled_tokens = self._tokens.numpy()  # host memory (pinned on CUDA)
-            self._tokens = None
+            for values, fill in self._reads:
+                fill(values.numpy(), self._result)
+            self._tokens, self._reads = None, []
         if by_request_id and self._result.sampled_tokens is not None and not self._result.sampled:
             ids = map(_request_id, self._requests)
             self._result.sampled = dict(zip(ids, self._result.sampled_tokens.tolist(), strict=True))

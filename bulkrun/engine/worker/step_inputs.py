@@ -1,14 +1,17 @@
 """Turn one SchedulerOutput into the flat tensors of a packed step, from persistent host state.
 
-StepState keeps every running request's block table in one preallocated array (a row per request,
-kept across steps: a step copies only the blocks appended since the last one) and builds the
-step's positions, slot mapping and lengths with a few numpy operations over all rows, so the
-per-request Python work of a decode step is a handful of list operations. Logits are requested
+StepBuilder reads every running request's block table and newest tokens from the scheduler's
+RunningBatch (one preallocated row per request, kept across steps) and builds the step's positions,
+slot mapping and lengths with a few numpy operations over all rows, so the per-request Python work
+of a decode step is a handful of list operations. A step built by hand (tests, the runner's
+profiling step) runs through a RunningBatch of its own (`running_batch`). Logits are requested
 only for rows that sample or score, so the LM head runs on those rows alone.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import compress
 
@@ -16,11 +19,13 @@ import numpy as np
 import torch
 
 from bulkrun.engine.core.request import Request
+from bulkrun.engine.core.running_batch import RunningBatch
 from bulkrun.engine.core.scheduler import ScheduledRequest, SchedulerOutput
 from bulkrun.engine.core.scoring import ScoreRows, ScoreSpan
 from bulkrun.model.attention_metadata import AttentionMetadata
 
-__all__ = ["ScoreSpan", "StepInputs", "StepState", "build_step_inputs"]
+__all__ = ["ScoreSpan", "StepBuilder", "StepInputs", "build_step_inputs", "running_batch"]
+_NONE = np.zeros(0, np.int64)
 
 
 @dataclass(slots=True)
@@ -33,8 +38,22 @@ class StepInputs:
     num_rows: int = 0  # sequences in the step
     decode_only: bool = False  # every sequence computes exactly one token
     sample_ends: np.ndarray | None = None  # per sample row: the position of the token it samples
-    # (packed index, row among the previous step's sampled tokens): inputs the runner fills in
-    pending_inputs: list[tuple[int, int]] = field(default_factory=list)
+    # inputs the runner fills in from the previous step's sampled tokens (async scheduling): the
+    # packed index of each, and its row among those tokens (int64 arrays, packed order)
+    pending_at: np.ndarray = field(default_factory=lambda: _NONE)
+    pending_rows: np.ndarray = field(default_factory=lambda: _NONE)
+
+    def set_pending(self, late: list[tuple[int, int]]) -> None:
+        if late:
+            at, rows = zip(*late, strict=True)
+            self.pending_at, self.pending_rows = np.array(at, np.int64), np.array(rows, np.int64)
+
+    @property
+    def pending_rows_line_up(self) -> bool:
+        """The pending inputs are packed rows 0..k-1 and take the previous tokens 0..k-1: a plain
+        slice copy places them (the steady decode step of an unchanged batch)."""
+        at, rows, k = self.pending_at, self.pending_rows, len(self.pending_at)
+        return k > 0 and at[0] == 0 and at[-1] == k - 1 and np.array_equal(at, rows)
 
     @property
     def score_spans(self) -> list[ScoreSpan]:
@@ -45,64 +64,23 @@ class StepInputs:
         return self.scores.first_token_requests
 
 
-class StepState:
-    """Host-side state of the steps of one runner: block-table rows that persist across steps."""
+class StepBuilder:
+    """Builds each step's inputs from the scheduler's RunningBatch: its block tables and newest
+    tokens are there already, so a steady decode step runs no Python per row."""
 
-    def __init__(self, block_size: int, max_rows: int = 64, max_blocks_per_row: int = 16):
+    def __init__(self, block_size: int):
         self.block_size = block_size
-        self.tables = np.zeros((max_rows, max_blocks_per_row), dtype=np.int32)
-        self.filled = [0] * max_rows  # blocks of each row copied so far
-        # keyed by the request object (a new request reusing a finished one's id gets its own row)
-        self.row_of: dict[Request, int] = {}
-        self.request_of: dict[str, Request] = {}
-        self.free_rows = list(range(max_rows - 1, -1, -1))
 
-    def release(self, request_ids: list[str]) -> None:
-        for rid in request_ids:
-            req = self.request_of.pop(rid, None)
-            row = self.row_of.pop(req, None)
-            if row is not None:
-                self.filled[row] = 0
-                self.free_rows.append(row)
-
-    def _assign(self, req: Request) -> int:
-        if not self.free_rows:
-            self._grow_rows()
-        row = self.free_rows.pop()
-        self.row_of[req] = row
-        self.request_of[req.request_id] = req
-        self.filled[row] = 0
-        return row
-
-    def _grow_rows(self) -> None:
-        old = self.tables.shape[0]
-        self.tables = np.concatenate([self.tables, np.zeros_like(self.tables)])
-        self.filled += [0] * old
-        self.free_rows.extend(range(2 * old - 1, old - 1, -1))
-
-    def _copy_table(self, row: int, table: list[int]) -> None:
-        have = self.filled[row]
-        if len(table) < have:  # not a growth (a new owner of the row): rewrite it
-            have = 0
-        if len(table) > self.tables.shape[1]:
-            wider = np.zeros((self.tables.shape[0], max(len(table), 2 * self.tables.shape[1])), np.int32)
-            wider[:, : self.tables.shape[1]] = self.tables
-            self.tables = wider
-        self.tables[row, have : len(table)] = table[have:]
-        self.filled[row] = len(table)
-
-    def build(self, sched: SchedulerOutput, pending: dict[str, int]) -> StepInputs:
+    def build(self, sched: SchedulerOutput, pending: Mapping[str, int]) -> StepInputs:
         """Host (CPU) tensors of the step. `pending`: request id -> the row, among the previous
         step's sampled tokens, of the token at a position the scheduler has not appended yet
-        (async scheduling): its input id is left 0 and listed in StepInputs.pending_inputs."""
-        if sched.batch is not None and sched.num_scheduled_tokens == len(sched.requests):
+        (async scheduling): its input id is left 0 and listed in pending_at / pending_rows."""
+        if sched.batch is None:  # a step built by hand (tests, the profiling step)
+            with running_batch(sched, self.block_size):
+                return self.build(sched, pending)
+        if sched.num_scheduled_tokens == len(sched.requests):
             return self._build_decode(sched, pending)
-        batch = sched.batch
-        if batch is None:  # a step built by hand: block-table rows kept here
-            self.release(sched.released_request_ids)
-            rows = [self._row(r) for r in sched.requests]
-        else:
-            rows = sched.slots
+        batch, rows = sched.batch, sched.slots
         ids: list[int] = []
         scoring: list[int] = []  # indexes of scoring rows
         late: list[tuple[int, int]] = []  # (packed index, previous sample row)
@@ -119,21 +97,10 @@ class StepState:
                 ids.append(0)
             if r.scoring is not None:
                 scoring.append(i)
-        if batch is None:
-            inputs = self._tensors(sched, rows, ids, scoring)
-        else:
-            width = max(1, int(batch.num_blocks[rows].max())) if rows else 1
-            inputs = self._tensors(sched, rows, ids, scoring, batch.tables, width)
-        inputs.pending_inputs = late
+        width = max(1, int(batch.num_blocks[rows].max())) if rows else 1
+        inputs = self._tensors(sched, rows, ids, scoring, batch.tables, width)
+        inputs.set_pending(late)
         return inputs
-
-    def _row(self, r: Request) -> int:
-        row = self.row_of.get(r)
-        if row is None:
-            row = self._assign(r)
-        if len(r.block_table) != self.filled[row]:
-            self._copy_table(row, r.block_table)
-        return row
 
     def _build_decode(self, sched: SchedulerOutput, pending: dict[str, int]) -> StepInputs:
         """A step in which every row computes one token, from the scheduler's RunningBatch: its
@@ -164,17 +131,14 @@ class StepState:
         scoring = np.flatnonzero(batch.compute_limit[rows] >= 0).tolist()
         width = max(1, int(batch.num_blocks[rows].max()))
         inputs = self._tensors(sched, rows, ids, scoring, batch.tables, width)
-        inputs.pending_inputs = late
+        inputs.set_pending(late)
         return inputs
 
     def _tensors(
-        self, sched: SchedulerOutput, rows, ids, scoring: list[int], tables=None, width=0
+        self, sched: SchedulerOutput, rows, ids, scoring: list[int], tables, width: int
     ) -> StepInputs:
-        """rows: each sequence's row of `tables` (default: this state's)."""
+        """rows: each sequence's row (slot) of `tables`."""
         bs = self.block_size
-        if tables is None:
-            tables = self.tables
-            width = max(1, max(map(self.filled.__getitem__, rows), default=1))
         num_rows = len(rows)
         rows_np = np.asarray(rows, dtype=np.int64)
         start_np = sched.array("starts").copy()  # becomes the positions tensor
@@ -223,5 +187,23 @@ class StepState:
 
 
 def build_step_inputs(scheduled: list[ScheduledRequest], block_size: int) -> StepInputs:
-    """One step's inputs from fresh state (tests, profiling): CPU tensors."""
-    return StepState(block_size).build(SchedulerOutput(scheduled), pending={})
+    """One step's inputs built by hand (tests): CPU tensors."""
+    return StepBuilder(block_size).build(SchedulerOutput(scheduled), pending={})
+
+
+@contextmanager
+def running_batch(sched: SchedulerOutput, block_size: int):
+    """A step built by hand runs through a RunningBatch as every scheduled step does: its requests
+    take slots for the step and give them back after (their counters move back onto them)."""
+    requests = list(dict.fromkeys(sched.requests))
+    widest = max((len(r.block_table) for r in requests), default=1)
+    batch = RunningBatch(block_size, caching=False, max_rows=max(1, len(requests)), max_blocks=max(1, widest))
+    for r in requests:
+        batch.add(r)
+    sched.batch, sched.slots = batch, [r.slot for r in sched.requests]
+    try:
+        yield batch
+    finally:
+        for r in requests:
+            batch.remove(r)
+        sched.batch, sched.slots = None, None
