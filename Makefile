@@ -46,6 +46,7 @@ bench: install
 	$(BIN)/python bench/plan_bench.py
 	$(BIN)/python bench/constrained_throughput.py
 	$(BIN)/python bench/embed_bench.py
+	$(BIN)/python bench/vllm_peer_bench.py
 
 lint: install
 	$(BIN)/ruff check bulkrun kernels tests bench

@@ -12,6 +12,8 @@ without it. The "cpu" backend (kernels/cpu/*.cpp) is compiled once per machine o
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,7 +58,7 @@ def resolve_backend(backend: str, device=None) -> str:
     return "cpu" if cpu_build.load() else "reference"
 
 
-def get_ops(backend: str = "auto", device=None) -> KernelOps:
+def get_ops(backend: str = "auto", device=None, batch_invariant: bool = True) -> KernelOps:
     """The four ops (plus the gated activations) of one backend. `device` decides 'auto' and lets a forced
     'triton' on the CPU (or 'cpu' on CUDA) fail here, before any work, rather than at the first step."""
     backend = resolve_backend(backend, device)
@@ -65,8 +67,8 @@ def get_ops(backend: str = "auto", device=None) -> KernelOps:
 
         return _ops_from("reference", reference)
     if backend == "cpu":
-        return _cpu_ops(device)
-    return _triton_ops(device)
+        return _cpu_ops(device, batch_invariant)
+    return _triton_ops(device, batch_invariant)
 
 
 def _ops_from(backend: str, module) -> KernelOps:
@@ -82,17 +84,20 @@ def _ops_from(backend: str, module) -> KernelOps:
     )
 
 
-def _cpu_ops(device) -> KernelOps:
+def _cpu_ops(device, batch_invariant: bool) -> KernelOps:
     from . import cpu_build, cpu_ops
 
     if device is not None and not str(device).startswith("cpu"):
         raise ValueError(f"kernel backend 'cpu' runs on the CPU, got device {device}; use 'auto' there")
     if not cpu_build.load():
         raise ValueError(f"kernel backend 'cpu' could not be built here: {cpu_build.load_error()}")
-    return _ops_from("cpu", cpu_ops)
+    ops = _ops_from("cpu", cpu_ops)
+    if batch_invariant:
+        return ops
+    return dataclasses.replace(ops, paged_attention=_not_invariant(cpu_ops.paged_attention))
 
 
-def _triton_ops(device) -> KernelOps:
+def _triton_ops(device, batch_invariant: bool) -> KernelOps:
     if not triton_available():
         raise ValueError("kernel backend 'triton' needs the triton package; install it or use 'reference'")
     from .activation import gelu_tanh_and_mul, silu_and_mul
@@ -109,7 +114,7 @@ def _triton_ops(device) -> KernelOps:
         )
     return KernelOps(
         backend="triton",
-        paged_attention=paged_attention,
+        paged_attention=paged_attention if batch_invariant else _not_invariant(paged_attention),
         write_kv=write_kv,
         rms_norm=rms_norm,
         rotary=rotary,
@@ -117,6 +122,10 @@ def _triton_ops(device) -> KernelOps:
         gelu_tanh_and_mul=gelu_tanh_and_mul,
         fused_moe=fused_moe,
     )
+
+
+def _not_invariant(attention: Callable) -> Callable:
+    return functools.partial(attention, batch_invariant=False)
 
 
 __all__ = ["BACKENDS", "KernelOps", "check_backend_name", "get_ops", "resolve_backend", "triton_available"]

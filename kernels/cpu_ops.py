@@ -38,8 +38,10 @@ def paged_attention(
     softcap: float = 0.0,
     out: torch.Tensor | None = None,
     plan: reference.AttentionPlan | None = None,
+    batch_invariant: bool = True,
 ) -> torch.Tensor:
-    """See reference.paged_attention (window, sinks and softcap as ATTENTION_SIGNATURE.md says)."""
+    """See reference.paged_attention (window, sinks and softcap as ATTENTION_SIGNATURE.md says).
+    batch_invariant: every query token runs as a decode row does (docs/batch-invariance.md)."""
     head_dim = q.shape[-1]
     supported = head_dim % 16 == 0 and (head_dim <= 128 or head_dim == 256) and q.stride(-1) == 1
     if not (supported and _native_same(q, k_cache, v_cache) and (out is None or out.dtype == q.dtype)):
@@ -53,7 +55,7 @@ def paged_attention(
         sinks = sinks.float().contiguous()
     torch.ops.bulkrun_cpu.paged_attention(
         q, k_cache, v_cache, _i32(block_tables), _i32(query_start_loc), _i32(seq_lens), scale,
-        int(window), sinks, float(softcap), out,
+        int(window), sinks, float(softcap), batch_invariant, out,
     )  # fmt: skip
     return out
 

@@ -349,6 +349,7 @@ def paged_attention(
     softcap: float = 0.0,
     out: torch.Tensor | None = None,
     num_partitions: int | None = None,
+    batch_invariant: bool = True,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new queries over its whole cached context.
 
@@ -359,6 +360,8 @@ def paged_attention(
     from the shapes by plan_partitions; 1: no split); capture-safe either way (no host sync).
     window / sinks / softcap: a layer's sliding window, attention sinks and score soft-cap, as in
     ATTENTION_SIGNATURE.md; the window is a runtime argument (every window shares one binary).
+    batch_invariant: query and key tiles fixed (the decode-sized ones) and no split-KV unless
+    num_partitions asks for it, so a row's keys are reduced in one fixed order whatever the step holds.
     """
     _check_args(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out)
     _check_extras(q, window, sinks, softcap)
@@ -371,7 +374,11 @@ def paged_attention(
     if num_tokens == 0 or num_seqs == 0:
         return out
     group = num_q_heads // num_kv_heads
-    block_m, block_q, tile_n = _pick_blocks(num_tokens, num_seqs, group)
+    if batch_invariant:  # the tiles a decode step picks, whatever this step holds; no split-KV
+        block_m, block_q, tile_n = _pick_blocks(1, 1, group)
+        num_partitions = 1 if num_partitions is None else num_partitions
+    else:
+        block_m, block_q, tile_n = _pick_blocks(num_tokens, num_seqs, group)
     head_dim_pad = max(16, triton.next_power_of_2(head_dim))
     if num_partitions is None:
         num_partitions = plan_partitions(num_tokens, num_seqs, block_q, num_kv_heads,

@@ -88,6 +88,7 @@ Kernels = Annotated[str | None, _option("--kernels", metavar="NAME", help="auto 
 Device = Annotated[str | None, _option("--device", metavar="DEVICE", help="cpu or cuda (default: cuda if available).")]
 Dtype = Annotated[str | None, _option("--dtype", metavar="DTYPE", help="float32 / bfloat16 / float16 (default: bf16 on CUDA; on a CPU bf16 where it has native bf16, else fp32).")]
 CudaGraphs = Annotated[bool | None, _option("--cuda-graphs/--no-cuda-graphs", help="Replay captured CUDA graphs for decode-only steps (default: on; CUDA only).")]
+BatchInvariant = Annotated[bool | None, _option("--batch-invariant/--no-batch-invariant", help="A row's tokens and log-probabilities do not depend on its batch mates, prompt chunking or cache hits (default: on; off may be faster).")]
 
 # ---- spreading a job (bulkrun.distributed) ----------------------------------------------------
 Ray = Annotated[bool | None, _option("--ray", help="Run on Ray: one engine per worker (one GPU each where there are GPUs); joins the running cluster (RAY_ADDRESS or `ray start`) or starts a local one. Needs: pip install 'bulkrun[ray]'.")]

@@ -55,6 +55,7 @@ def plan(
     device: opt.Device = None,
     dtype: opt.Dtype = None,
     cuda_graphs: opt.CudaGraphs = None,
+    batch_invariant: opt.BatchInvariant = None,
     ray: opt.Ray = None,
     ray_address: opt.RayAddress = None,
     workers: opt.Workers = None,

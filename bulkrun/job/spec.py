@@ -70,6 +70,7 @@ class JobSpec:
     n: int = field(default=1, metadata=RESULT)
     max_model_len: int | None = field(default=None, metadata=RESULT)
     dtype: str | None = field(default=None, metadata=RESULT)
+    batch_invariant: bool = field(default=True, metadata=RESULT)
     # job mechanics (do not change results)
     window: int = 256
     sort_by_length: bool = True
@@ -120,6 +121,7 @@ class JobSpec:
             "kernels": self.kernels,
             "max_model_len": self.max_model_len,
             "cuda_graphs": self.cuda_graphs,
+            "batch_invariant": self.batch_invariant,
         }
         try:
             return EngineConfig(**{k: v for k, v in values.items() if v is not None})

@@ -36,12 +36,14 @@ class RunStats:
     peak_rss_bytes: int = 0  # the process's peak resident memory, taken by finish()
     dtype: str | None = None  # what the model computed in, and why
     dtype_reason: str | None = None
+    batch_invariant: bool | None = None  # the kernels ran with a fixed per-row reduction order
     wall_s: float | None = None  # fixed by finish() or merge(); a live run measures from `started`
     started: float = field(default_factory=time.time)
 
     def describe_engine(self, engine) -> None:
         self.dtype = getattr(engine, "dtype", None)
         self.dtype_reason = getattr(engine, "dtype_reason", None)
+        self.batch_invariant = getattr(engine, "batch_invariant", None)
         limits = getattr(engine, "limits", None)
         self.kv_cache_bytes = getattr(limits, "kv_cache_bytes", None) or 0
 
@@ -122,11 +124,12 @@ class RunStats:
             "peak_rss_mb": round(self.peak_rss_bytes / 2**20, 1),
             "dtype": self.dtype,
             "dtype_reason": self.dtype_reason,
+            "batch_invariant": self.batch_invariant,
         }
 
 
 _HIGHEST = ("kv_peak", "kv_touched", "kv_cache_bytes", "peak_rss_bytes")  # merged: the highest slice's
-_SHARED = ("dtype", "dtype_reason")
+_SHARED = ("dtype", "dtype_reason", "batch_invariant")
 
 
 def peak_rss_bytes() -> int:

@@ -1,6 +1,13 @@
-"""A linear layer that, on the CPU, runs on weights prepacked for fast fp32 matmuls.
+"""A linear layer that, on the CPU, runs on weights prepacked for fast matmuls.
 
-Two packings, chosen per call by the number of rows:
+Batch invariant (the default): a row's output bits must not depend on how many rows share the call
+(docs/batch-invariance.md), so one kernel whose per-row reduction order is fixed by K alone serves
+every row count: bf16 weights run on AMX tiles (bulkrun_kernels.cpu_gemm), fp32 ones on the panel
+kernel below, and where neither is built oneDNN runs in fixed tiles of INVARIANT_TILE rows (its
+blocking, which it picks from the row count, is then always the same). On CUDA, the fixed-tile
+Triton matmul (bulkrun_kernels.matmul) replaces cuBLAS, whose kernel choice varies with M.
+
+Not batch invariant: two packings, chosen per call by the number of rows:
 - oneDNN's blocked copy (`packed`): measured here (AMD EPYC, AVX-512) it beats F.linear (MKL, which
   takes its AVX2 path on AMD) at every row count, and reaches ~215 GFLOP/s on prompt chunks.
 - 32-column panels for our native `small_gemm` (`panels`, only with the CPU native kernels): at
@@ -20,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bulkrun_kernels.cpu_gemm import amx_available, amx_gemm, amx_packable, pack_amx, pad_bias
+
 PANEL = 32  # columns per panel of the native small_gemm layout
 SMALL_ROWS = 128  # at or below this many rows the panel kernel beats oneDNN here
 # oneDNN builds (JIT-compiles) a kernel for every new row count, 1-10 ms each per weight shape, and
@@ -27,6 +36,7 @@ SMALL_ROWS = 128  # at or below this many rows the panel kernel beats oneDNN her
 # paid ~1 s for it. Decode-sized inputs are padded to a multiple of ROW_BUCKET rows (free at these
 # sizes: a decode step streams the weights whatever the rows); larger ones, compute-bound, are not.
 ROW_BUCKET = 8
+INVARIANT_TILE = 64  # rows per oneDNN call where no fixed-order kernel is built (batch invariant)
 
 
 def onednn_available() -> bool:
@@ -63,28 +73,48 @@ class Linear(nn.Module):
         self.packed: torch.Tensor | None = None
         self.panels: torch.Tensor | None = None
         self.panel_bias: torch.Tensor | None = None
+        self.tiles: torch.Tensor | None = None  # AMX layout (bf16)
+        self.tile_bias: torch.Tensor | None = None
+        self.invariant = True  # every row count takes one fixed-order kernel (set_batch_invariant)
 
     @property
     def dtype(self) -> torch.dtype:
         """The dtype inputs must have: the weight's, or its packed copy's once the plain one is dropped."""
-        for t in (self.weight, self.packed, self.panels):
+        for t in (self.weight, self.packed, self.panels, self.tiles):
             if t is not None:
                 return t.dtype
         raise RuntimeError("a Linear without weights")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.panels is not None and (self.packed is None or x.shape[0] <= SMALL_ROWS):
+        if self.tiles is not None:
+            return amx_gemm(x, self.tiles, self.tile_bias, self.out_features)
+        small = x.shape[0] <= SMALL_ROWS
+        if self.panels is not None and (self.packed is None or self.invariant or small):
             return self._small_gemm(x)
         if self.packed is not None:
+            if self.invariant:
+                return self._onednn_tiles(x)
             rows = x.shape[0]
-            if rows <= SMALL_ROWS and rows % ROW_BUCKET:
-                padded = x.new_zeros(rows + ROW_BUCKET - rows % ROW_BUCKET, x.shape[1])
-                padded[:rows] = x
-                return torch.ops.mkldnn._linear_pointwise(padded, self.packed, self.bias, "none", [], "")[
-                    :rows
-                ]
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+            if small and rows % ROW_BUCKET:
+                return self._onednn(_pad_rows(x, ROW_BUCKET))[:rows]
+            return self._onednn(x)
+        if self.invariant and x.is_cuda:
+            from bulkrun_kernels.matmul import matmul
+
+            return matmul(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+    def _onednn(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def _onednn_tiles(self, x: torch.Tensor) -> torch.Tensor:
+        """oneDNN on INVARIANT_TILE rows per call, the last tile zero-padded."""
+        rows = x.shape[0]
+        padded = _pad_rows(x, INVARIANT_TILE)
+        tiles = [
+            self._onednn(padded[i : i + INVARIANT_TILE]) for i in range(0, padded.shape[0], INVARIANT_TILE)
+        ]
+        return torch.cat(tiles)[:rows]
 
     def _small_gemm(self, x: torch.Tensor) -> torch.Tensor:
         if x.stride(-1) != 1:
@@ -93,9 +123,17 @@ class Linear(nn.Module):
         torch.ops.bulkrun_cpu.small_gemm(x, self.panels, self.panel_bias, y)
         return y
 
-    def pack_for_cpu(self, batch_hint: int = 64, panels: bool = False, onednn: bool = True) -> None:
-        """Replace the weight by its oneDNN-blocked copy and/or its panel copy (fp32 only)."""
+    def pack_for_cpu(
+        self, batch_hint: int = 64, panels: bool = False, onednn: bool = True, amx: bool = False
+    ) -> None:
+        """Replace the weight by its AMX tiles (bf16), or its oneDNN-blocked copy and/or its panel
+        copy (fp32 only)."""
         weight = self.weight.detach()
+        if amx:
+            self.tiles = pack_amx(weight)
+            self.tile_bias = pad_bias(self.bias, self.tiles)
+            self.weight = None
+            return
         if panels:
             self.panels = pack_panels(weight)
             if self.bias is not None:
@@ -106,11 +144,29 @@ class Linear(nn.Module):
         self.weight = None
 
 
+def _pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    rows = x.shape[0]
+    if rows % multiple == 0 and rows:
+        return x
+    padded = x.new_zeros(rows + multiple - rows % multiple, x.shape[1])
+    padded[:rows] = x
+    return padded
+
+
+def set_batch_invariant(model: nn.Module, invariant: bool) -> None:
+    """Mark every Linear of a model (on any device) invariant or not; packing reads the mark."""
+    for m in model.modules():
+        if isinstance(m, Linear):
+            m.invariant = invariant
+
+
 def pack_linears_for_cpu(model: nn.Module, panels: bool | None = None) -> bool:
-    """Prepack every Linear of a CPU model (fp32 or bf16) for oneDNN, and with `panels` (fp32, the
-    native kernels loaded; default: when the model runs on the "cpu" kernel backend) also for
-    small_gemm; the LM head keeps oneDNN alone (its greedy rows have their own screen). False when
-    oneDNN is not usable."""
+    """Prepack every Linear of a CPU model (fp32 or bf16). Batch invariant Linears (the default,
+    set_batch_invariant) take one fixed-order kernel each: AMX tiles for bf16, panels for fp32
+    (the LM head included), oneDNN in fixed row tiles where those are not built. Otherwise oneDNN,
+    and with `panels` (fp32, the native kernels loaded; default: when the model runs on the "cpu"
+    kernel backend) also small_gemm; the LM head keeps oneDNN alone (its greedy rows have their own
+    screen). False when oneDNN is not usable."""
     if panels is None:
         panels = getattr(getattr(model, "ops", None), "backend", None) == "cpu"
     if not onednn_available():
@@ -118,14 +174,23 @@ def pack_linears_for_cpu(model: nn.Module, panels: bool | None = None) -> bool:
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     if any(m.weight.device.type != "cpu" or m.weight.dtype not in _PACKABLE for m in linears):
         return False
-    panels = panels and panel_kernel_available() and all(m.weight.dtype == torch.float32 for m in linears)
+    native = panels
+    amx = native and amx_available()
+    panels = native and panel_kernel_available()
     head = getattr(model, "lm_head", None)
     body_bytes = sum(m.weight.numel() * m.weight.element_size() for m in linears if m is not head)
     # both copies only while they leave room: a second copy of a large model would not fit
     both = body_bytes * 2 < psutil.virtual_memory().available
+    all_fp32 = all(m.weight.dtype == torch.float32 for m in linears)
 
     def pack(m: Linear) -> None:
-        with_panels = panels and m is not head
+        fp32 = m.weight.dtype == torch.float32
+        if m.invariant:
+            if amx and not fp32 and amx_packable(m.weight):
+                return m.pack_for_cpu(amx=True)
+            with_panels = panels and fp32
+            return m.pack_for_cpu(panels=with_panels, onednn=not with_panels)
+        with_panels = panels and all_fp32 and m is not head
         m.pack_for_cpu(panels=with_panels, onednn=not with_panels or both)
 
     # one layer per thread: a oneDNN reorder runs on one core (start-up time)

@@ -18,7 +18,8 @@ namespace bulkrun_cpu {
 void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& query_start_loc,
                      const at::Tensor& seq_lens, double scale, int64_t window,
-                     const c10::optional<at::Tensor>& sinks, double softcap, at::Tensor& out);
+                     const c10::optional<at::Tensor>& sinks, double softcap, bool batch_invariant,
+                     at::Tensor& out);
 
 namespace {
 
@@ -239,7 +240,7 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at:
 TORCH_LIBRARY(bulkrun_cpu, m) {
   m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor query_start_loc, Tensor seq_lens, float scale, int window, Tensor? sinks, float softcap, "
-        "Tensor(a!) out) -> ()");
+        "bool batch_invariant, Tensor(a!) out) -> ()");
   m.def("rms_norm(Tensor x, Tensor? residual, Tensor weight, float eps, Tensor(a!) out, "
         "Tensor(b!) residual_out) -> ()");
   m.def("silu_and_mul(Tensor x, Tensor(a!) out) -> ()");

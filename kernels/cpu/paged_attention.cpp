@@ -429,7 +429,8 @@ bool attention_amx();
 void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& query_start_loc,
                      const at::Tensor& seq_lens, double scale, int64_t window,
-                     const c10::optional<at::Tensor>& sinks, double softcap, at::Tensor& out) {
+                     const c10::optional<at::Tensor>& sinks, double softcap, bool batch_invariant,
+                     at::Tensor& out) {
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "q must be float32 or bfloat16");
   TORCH_CHECK(k_cache.scalar_type() == dtype && v_cache.scalar_type() == dtype && out.scalar_type() == dtype,
@@ -465,7 +466,10 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   }
 
   const bool amx = dtype == at::kBFloat16 && head_dim % 32 == 0 && g.plain() && attention_amx();
-  const int64_t tile_tokens = amx ? kAmxQueryTile : kQueryTile;
+  // Batch invariant: one query token per item, so every token takes a decode row's path (the same
+  // code and key order whatever its chunk, its batch or a recompute); prompt chunks then give up
+  // the many-row paths (AMX tiles, rows scored against transposed keys).
+  const int64_t tile_tokens = batch_invariant ? 1 : amx ? kAmxQueryTile : kQueryTile;
   const int64_t num_seqs = seq_lens.size(0);
   const int32_t* starts = query_start_loc.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();

@@ -39,25 +39,23 @@ def build_tokenizer():
     return fast
 
 
-def make_tiny_model(directory: Path, max_positions: int = 512, seed: int = 0) -> Path:
-    """Save a random 2-layer Llama (hidden 32) with the byte tokenizer into `directory`."""
+def make_tiny_model(directory: Path, max_positions: int = 512, seed: int = 0, **shape) -> Path:
+    """Save a random 2-layer Llama (hidden 32; `shape` overrides config fields) with the byte
+    tokenizer into `directory`."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
+    settings = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, tie_word_embeddings=False)  # fmt: skip
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=max_positions,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
         pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
+        **{**settings, **shape},
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)

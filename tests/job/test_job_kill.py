@@ -6,13 +6,10 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 
-from helpers.processes import start_until_marker
+from helpers.processes import start_and_kill, start_until_marker
 from helpers.rows import read_jsonl, recorded_rows, texts, write_jsonl
 
 from bulkrun.cli import main
@@ -52,29 +49,6 @@ def _args(path: Path, out: Path, model: Path) -> list[str]:
     return ["generate", str(path), "--out", str(out), "--model", str(model), *FLAGS]
 
 
-def _reached(out: Path, stage: int) -> bool:
-    """Stage 0: the run holds the lock (work begins); stage k > 0: k result shards committed."""
-    if stage == 0:
-        return (out / "lock").exists()
-    return len(list((out / "shards").glob("*.parquet"))) >= stage
-
-
-def _start_and_kill(args: list[str], out: Path, stage: int, delay: float) -> None:
-    """Start a run, wait for `stage` plus `delay` seconds, then SIGKILL it."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from bulkrun.cli import main; main()", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 120
-    while proc.poll() is None and time.monotonic() < deadline and not _reached(out, stage):
-        time.sleep(0.01)
-    time.sleep(delay)
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
 def test_resume_after_kill_9_is_exactly_once(tmp_path, tiny_model):
     path = write_jsonl(tmp_path / "in.jsonl", ROWS)
     assert main(_args(path, tmp_path / "clean", tiny_model)) == 3  # finished, with one row error
@@ -90,7 +64,7 @@ def test_resume_after_kill_9_is_exactly_once(tmp_path, tiny_model):
     for trial, kills in enumerate(trials):
         out = tmp_path / f"trial{trial}"
         for stage, delay in kills:
-            _start_and_kill(_args(path, out, tiny_model), out, stage, delay)
+            start_and_kill(_args(path, out, tiny_model), out, stage, delay)
             rows = recorded_rows(out)
             assert len(rows) == len(set(rows)), f"seed {seed}: a row committed twice"
             cut_mid_job += 0 < len(rows) < N_ROWS

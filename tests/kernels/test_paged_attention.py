@@ -43,12 +43,12 @@ def make_batch(query_lens, context_lens, *, num_q_heads, num_kv_heads, head_dim,
     return tuple(t.to(device) for t in tensors)
 
 
-def run_and_compare(batch, ref, atol, rtol=1e-3, num_partitions=None):
+def run_and_compare(batch, ref, atol, rtol=1e-3, num_partitions=None, **options):
     q, k_cache, v_cache, tables, qsl, seq_lens = batch
     scale = q.shape[-1] ** -0.5
     out = torch.full_like(q, NAN)  # poisoned: an unwritten element fails
     got = paged_attention(
-        q, k_cache, v_cache, tables, qsl, seq_lens, scale, out=out, num_partitions=num_partitions
+        q, k_cache, v_cache, tables, qsl, seq_lens, scale, out=out, num_partitions=num_partitions, **options
     )
     assert got is out
     # The poison is for the kernel; references get clean copies (the CPU path reads whole blocks).

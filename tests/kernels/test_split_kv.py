@@ -17,11 +17,12 @@ TOLERANCE = {torch.float32: (2e-5, 1e-3), torch.bfloat16: (2e-2, 2e-2)}
 
 
 def production_case(query_lens, context_lens, dtype, head_dim, group, device):
-    """One kv head (few heads keep the interpreter quick); the wrapper plans the partitions itself."""
+    """One kv head (few heads keep the interpreter quick); the wrapper plans the partitions itself
+    (not batch invariant: the planner's split-KV and the step-shaped tiles)."""
     batch = make_batch(query_lens, context_lens, num_q_heads=group, num_kv_heads=1, head_dim=head_dim,
                        block_size=16, num_blocks=560, seed=head_dim + group, dtype=dtype, device=device)  # fmt: skip
     atol, rtol = TOLERANCE[dtype]
-    run_and_compare(batch, get_ref("reference"), atol=atol, rtol=rtol)
+    run_and_compare(batch, get_ref("reference"), atol=atol, rtol=rtol, batch_invariant=False)
 
 
 # Between them the two tests below cover both dtypes, both head dims and both groups with each other.

@@ -28,6 +28,8 @@ class EngineConfig:
     # the host (CUDA), off on the CPU
     async_scheduling: bool | None = None
     cuda_graphs: bool = True  # replay captured decode-only steps (CUDA only)
+    # a request's bits do not depend on its batch mates, chunking or cache hits (docs/batch-invariance.md)
+    batch_invariant: bool = True
     grammar_time_limit_s: float = 10.0  # a constraint compiling longer is refused (grammar.GrammarCache)
 
     def __post_init__(self) -> None:

@@ -40,6 +40,7 @@ class Engine:
         dtype = getattr(runner, "dtype", None)
         self.dtype: str | None = None if dtype is None else str(dtype).removeprefix("torch.")
         self.dtype_reason: str | None = getattr(runner, "dtype_reason", None)
+        self.batch_invariant: bool | None = getattr(runner, "batch_invariant", None)
         self.pool = BlockPool(runner.num_blocks, runner.block_size, self.config.enable_prefix_caching)
         # the budget the runner chose for its device, or the config's (CPU defaults where unset)
         self.limits: EngineLimits = getattr(runner, "limits", None) or choose_limits(self.config, "cpu")

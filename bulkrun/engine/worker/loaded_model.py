@@ -20,7 +20,7 @@ from bulkrun.engine.tokenizer import load_tokenizer
 from bulkrun.engine.worker.cpu_env import keep_freed_memory
 from bulkrun.engine.worker.device import resolve_device
 from bulkrun.model.greedy_head import build_greedy_head
-from bulkrun.model.linear import pack_linears_for_cpu
+from bulkrun.model.linear import pack_linears_for_cpu, set_batch_invariant
 from bulkrun.model.loader import load_model
 from bulkrun_kernels import get_ops
 from bulkrun_kernels.cpu_dtype import default_cpu_dtype
@@ -39,6 +39,7 @@ class LoadedModel:
     model: Any  # bulkrun.model.decoder.DecoderLM (the family's subclass)
     greedy_head: Any  # exact argmax from a bf16 screen, None where that is not faster
     onednn: bool  # the linears are packed for oneDNN
+    batch_invariant: bool  # every kernel's per-row reduction order is fixed (config.batch_invariant)
 
 
 def resolve_device_dtype(config: EngineConfig, backend: str) -> tuple[torch.device, torch.dtype, str]:
@@ -76,7 +77,8 @@ def _key(model_dir: str, config: EngineConfig) -> tuple:
     files = tuple(
         (e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in os.scandir(model_dir) if e.is_file()
     )
-    return (str(model_dir), config.device, config.dtype, config.kernels, tuple(sorted(files)))
+    settings = (config.device, config.dtype, config.kernels, config.batch_invariant)
+    return (str(model_dir), *settings, tuple(sorted(files)))
 
 
 def _load(model_dir: str, config: EngineConfig) -> LoadedModel:
@@ -84,9 +86,12 @@ def _load(model_dir: str, config: EngineConfig) -> LoadedModel:
     device = resolve_device(config.device)
     if device.type == "cpu":
         keep_freed_memory()
-    ops = get_ops(config.kernels, device)
+    ops = get_ops(config.kernels, device, config.batch_invariant)
     device, dtype, dtype_reason = resolve_device_dtype(config, ops.backend)
     model = load_model(model_dir, ops, dtype, device)
     greedy_head = build_greedy_head(model, device, dtype, ops.backend)
+    set_batch_invariant(model, config.batch_invariant)
     onednn = device.type == "cpu" and pack_linears_for_cpu(model)
-    return LoadedModel(tokenizer, ops, device, dtype, dtype_reason, model, greedy_head, onednn)
+    return LoadedModel(
+        tokenizer, ops, device, dtype, dtype_reason, model, greedy_head, onednn, config.batch_invariant
+    )

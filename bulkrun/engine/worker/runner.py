@@ -47,6 +47,7 @@ class ModelRunner:
         # greedy rows without logprobs: exact argmax from a bf16 screen (None where that is not faster)
         self.greedy_head = loaded.greedy_head
         self.onednn = loaded.onednn
+        self.batch_invariant = loaded.batch_invariant
         cfg = self.model.cfg
         self.vocab_size = cfg.vocab_size
         # constrained rows' masks (grammar_step.py); overlapped with the forward only on a GPU

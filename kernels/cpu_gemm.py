@@ -1,0 +1,59 @@
+"""bf16 linears on AMX tiles with a per-row reduction order fixed by K alone (kernels/cpu/amx_gemm.cpp).
+
+    wp = pack_amx(weight)                      # once per weight: [N, K] -> [ceil(N/16), K/32, 16, 32]
+    y = amx_gemm(x, wp, bias, out_features)    # x [M, K] bf16 -> [M, N] bf16 (or out_dtype)
+
+A row's output bits do not depend on M or on the other rows (the batch-invariance contract).
+"""
+
+from __future__ import annotations
+
+import torch
+
+COLS, STEP = 16, 32  # columns per tile, K per tile instruction
+
+
+def amx_available() -> bool:
+    ops = getattr(torch.ops, "bulkrun_cpu", None)
+    return ops is not None and hasattr(ops, "amx_gemm") and bool(ops.amx_gemm_available())
+
+
+def amx_packable(weight: torch.Tensor) -> bool:
+    return weight.dim() == 2 and weight.shape[1] % STEP == 0
+
+
+def pack_amx(weight: torch.Tensor) -> torch.Tensor:
+    """W [N, K] -> bf16 [NB, K/32, 16, 32]: tile (nb, s) holds W[16 nb + c][32 s + 2 i + j] at [i][2 c + j]."""
+    n, k = weight.shape
+    if k % STEP:
+        raise ValueError(f"amx_gemm needs K a multiple of {STEP}, got {k}")
+    blocks = -(-n // COLS)
+    padded = torch.zeros(blocks * COLS, k, dtype=torch.bfloat16)
+    padded[:n] = weight
+    tiles = padded.view(blocks, COLS, k // STEP, STEP // 2, 2).permute(0, 2, 3, 1, 4)
+    return tiles.reshape(blocks, k // STEP, STEP // 2, 2 * COLS).contiguous()
+
+
+def pad_bias(bias: torch.Tensor | None, wp: torch.Tensor) -> torch.Tensor | None:
+    """fp32 bias padded to wp's column blocks (what amx_gemm reads), or None."""
+    if bias is None:
+        return None
+    padded = torch.zeros(wp.shape[0] * COLS, dtype=torch.float32)
+    padded[: bias.numel()] = bias.float()
+    return padded
+
+
+def amx_gemm(
+    x: torch.Tensor,
+    wp: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_features: int,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    if x.dtype != torch.bfloat16:
+        raise TypeError(f"amx_gemm takes bfloat16 input, got {x.dtype}")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    y = torch.empty(x.shape[0], out_features, dtype=out_dtype)
+    torch.ops.bulkrun_cpu.amx_gemm(x, wp, bias, y)
+    return y

@@ -1,0 +1,56 @@
+"""Every Linear packing the engine uses gives each row the same bits whatever the row count (the
+bf16 oneDNN default does not: its K = 1536 blocking changes with M)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bulkrun.model.linear import Linear, set_batch_invariant
+from bulkrun_kernels import cpu_build
+from bulkrun_kernels.cpu_gemm import amx_available
+
+G = torch.Generator().manual_seed(0)
+NATIVE = cpu_build.compiler_available() and cpu_build.load()
+
+
+def _layer(n, k, dtype, **pack):
+    layer = Linear(k, n, bias=True)
+    layer.weight.data = torch.randn(n, k, generator=G).to(dtype)
+    layer.bias.data = torch.randn(n, generator=G).to(dtype)
+    layer.pack_for_cpu(**pack)
+    return layer
+
+
+PACKINGS = [
+    pytest.param(torch.bfloat16, {"onednn": True}, id="bf16-onednn-tiles"),
+    pytest.param(torch.float32, {"onednn": True}, id="fp32-onednn-tiles"),
+    pytest.param(
+        torch.float32, {"panels": True, "onednn": True}, id="fp32-panels",
+        marks=pytest.mark.skipif(not NATIVE, reason="no native kernels"),
+    ),
+    pytest.param(
+        torch.bfloat16, {"amx": True}, id="bf16-amx",
+        marks=pytest.mark.skipif(not (NATIVE and amx_available()), reason="no AMX"),
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("dtype", "pack"), PACKINGS)
+@pytest.mark.parametrize(("n", "k"), [(576, 1536), (960, 576)])
+def test_row_bits_independent_of_row_count(dtype, pack, n, k):
+    layer = _layer(n, k, dtype, **pack)
+    x = torch.randn(300, k, generator=G).to(dtype)
+    full = layer(x)
+    for rows in (1, 3, 8, 48, 64, 65, 128, 129, 200):
+        assert torch.equal(layer(x[:rows]), full[:rows]), rows
+    perm = torch.randperm(300, generator=G)
+    assert torch.equal(layer(x[perm]), full[perm])
+
+
+def test_not_invariant_calls_onednn_on_the_whole_batch():
+    layer = _layer(576, 1536, torch.float32, onednn=True)
+    set_batch_invariant(torch.nn.Sequential(layer), False)
+    x = torch.randn(200, 1536, generator=G)
+    direct = torch.ops.mkldnn._linear_pointwise(x, layer.packed, layer.bias, "none", [], "")
+    assert torch.equal(layer(x), direct)
