@@ -64,7 +64,7 @@ def test_greedy_sample_logprob_and_scores(setup, monkeypatch, logprobs, screened
     # a scoring child: a 6-token prompt + a 3-token continuation, computed in one chunk
     score_req = _request("s", other, [5, 9, 0])
     score_req.scoring = ScoringState(score_start=6)  # score token_ids[6:] = the 3-token continuation
-    out = runner.execute(SchedulerOutput(scheduled=[(gen_req, 10, True), (score_req, 9, False)]))
+    out = runner.execute(SchedulerOutput([(gen_req, 10, True), (score_req, 9, False)]))
     expected = _hf_logprobs(hf, prompt)[-1]
     assert out.sampled == {"g": int(expected.argmax())}
     if logprobs:
