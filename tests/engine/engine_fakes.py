@@ -77,10 +77,9 @@ class FakeRunner:
         result = RunnerOutput()
         written: set[int] = set()
         record = []
-        for item in out.scheduled:
-            req, n = item.request, item.num_tokens
-            start, end = item.start, item.start + item.num_tokens
-            record.append((req.request_id, start, n, item.sample))
+        for req, start, n, sample in out.rows():
+            end = start + n
+            record.append((req.request_id, start, n, sample))
             ids = token_ids_through(req, end, self.last_sampled)
             assert 0 < n and end <= len(ids), (req.request_id, start, n)
             assert len(req.block_table) * self.block_size >= end, "block table too short"
@@ -94,7 +93,7 @@ class FakeRunner:
                     assert self.pool.ref_counts[slot // self.block_size] == 1, "write into a shared block"
                 written.add(slot)
                 self.slots[slot] = prints[p]
-            if item.sample:
+            if sample:
                 assert end == len(ids)
                 token = next_token(ids)
                 result.sampled[req.request_id] = token
@@ -161,7 +160,7 @@ def run_to_completion(sched: Scheduler, runner: FakeRunner, max_steps: int = 10_
         if not sched.has_unfinished():
             return finished
         out = sched.schedule()
-        result = runner.execute(out) if out.scheduled else RunnerOutput()
+        result = runner.execute(out) if len(out) else RunnerOutput()
         finished += sched.update(out, result)
     raise AssertionError("scheduler did not finish")
 

@@ -26,12 +26,12 @@ def gen(rid, prompt, max_tokens=4, **params):
 
 def step(sched, runner):
     out = sched.schedule()
-    finished = sched.update(out, runner.execute(out) if out.scheduled else RunnerOutput())
+    finished = sched.update(out, runner.execute(out) if len(out) else RunnerOutput())
     return out, finished
 
 
 def chunks(out):
-    return [(s.request.request_id, s.num_tokens, s.sample) for s in out.scheduled]
+    return [(r.request_id, n, sample) for r, _, n, sample in out.rows()]
 
 
 def test_long_prompt_is_chunked_at_block_edges(make_scheduler):
@@ -89,7 +89,7 @@ def test_max_num_seqs_limits_admission(make_scheduler):
     for rid in "abc":
         sched.add_request(gen(rid, [1, 2], max_tokens=3))
     out, _ = step(sched, runner)
-    assert [s.request.request_id for s in out.scheduled] == ["a", "b"]
+    assert [r.request_id for r in out.requests] == ["a", "b"]
     assert sched.num_waiting == 1
     finished = run_to_completion(sched, runner)
     assert [r.request_id for r in finished] == ["a", "b", "c"]

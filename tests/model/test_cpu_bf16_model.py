@@ -13,7 +13,7 @@ from helpers.models import VOCAB, build_tiny_model
 from bulkrun.engine.core.config import EngineConfig
 from bulkrun.engine.core.params import SamplingParams
 from bulkrun.engine.core.request import Request
-from bulkrun.engine.core.scheduler import ScheduledRequest, SchedulerOutput
+from bulkrun.engine.core.scheduler import SchedulerOutput
 from bulkrun.engine.worker import loaded_model as loaded_model_module
 from bulkrun.engine.worker.runner import ModelRunner
 from bulkrun_kernels import cpu_build, cpu_dtype
@@ -42,8 +42,8 @@ def _step(logprobs: bool) -> SchedulerOutput:
         prompt = torch.randint(3, VOCAB, (n,), generator=gen).tolist()
         r = Request(f"r{i}", SamplingParams(logprobs=logprobs), prompt, n)
         r.block_table = list(range(4 * i, 4 * i + 4))
-        scheduled.append(ScheduledRequest(r, n, True))
-    return SchedulerOutput(scheduled=scheduled)
+        scheduled.append((r, n, True))
+    return SchedulerOutput(scheduled)
 
 
 @needs_native

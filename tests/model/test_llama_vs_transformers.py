@@ -8,7 +8,6 @@ from helpers.models import KINDS, VOCAB, build_tiny_model
 
 from bulkrun.engine.core.params import SamplingParams
 from bulkrun.engine.core.request import Request
-from bulkrun.engine.core.scheduler import ScheduledRequest
 from bulkrun.engine.core.scoring import ScoringState
 from bulkrun.engine.worker.kv_cache import KVCache
 from bulkrun.engine.worker.step_inputs import build_step_inputs
@@ -65,7 +64,7 @@ class PagedRun:
                 score_start=r.num_computed_tokens + 1
             )  # ask for logits at every computed row
             r.token_ids.append(0)  # a placeholder target so the last row is scored too
-        inputs = build_step_inputs([ScheduledRequest(r, n, False) for r, n in work], BLOCK_SIZE)
+        inputs = build_step_inputs([(r, n, False) for r, n in work], BLOCK_SIZE)
         md = inputs.metadata
         if self.model.ops.backend == "reference":
             md.plan = plan_attention(

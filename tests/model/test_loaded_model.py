@@ -12,7 +12,7 @@ from helpers.models import build_tiny_model
 from bulkrun.engine.core.config import EngineConfig
 from bulkrun.engine.core.params import SamplingParams
 from bulkrun.engine.core.request import Request
-from bulkrun.engine.core.scheduler import ScheduledRequest, SchedulerOutput
+from bulkrun.engine.core.scheduler import SchedulerOutput
 from bulkrun.engine.worker import loaded_model
 from bulkrun.engine.worker.runner import ModelRunner
 
@@ -54,7 +54,7 @@ def test_runners_on_a_reused_model_compute_what_a_fresh_load_computes(folder):
     def step(runner):
         request = Request("a", SamplingParams(max_tokens=1, logprobs=True), tokens, len(tokens))
         request.block_table = [0, 1]
-        out = runner.execute(SchedulerOutput(scheduled=[ScheduledRequest(request, len(tokens), True)]))
+        out = runner.execute(SchedulerOutput([(request, len(tokens), True)]))
         return out.sampled["a"], out.sampled_logprobs["a"]
 
     want = step(alone)

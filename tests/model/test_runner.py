@@ -9,7 +9,7 @@ from helpers.models import VOCAB, build_tiny_model
 from bulkrun.engine.core.config import EngineConfig
 from bulkrun.engine.core.params import SamplingParams
 from bulkrun.engine.core.request import Request
-from bulkrun.engine.core.scheduler import ScheduledRequest, SchedulerOutput
+from bulkrun.engine.core.scheduler import SchedulerOutput
 from bulkrun.engine.core.scoring import ScoringState
 from bulkrun.engine.worker.runner import ModelRunner
 from bulkrun.model.config import UnsupportedModelError
@@ -64,11 +64,7 @@ def test_greedy_sample_logprob_and_scores(setup, monkeypatch, logprobs, screened
     # a scoring child: a 6-token prompt + a 3-token continuation, computed in one chunk
     score_req = _request("s", other, [5, 9, 0])
     score_req.scoring = ScoringState(score_start=6)  # score token_ids[6:] = the 3-token continuation
-    out = runner.execute(
-        SchedulerOutput(
-            scheduled=[ScheduledRequest(gen_req, 10, True), ScheduledRequest(score_req, 9, False)]
-        )
-    )
+    out = runner.execute(SchedulerOutput([(gen_req, 10, True), (score_req, 9, False)]))
     expected = _hf_logprobs(hf, prompt)[-1]
     assert out.sampled == {"g": int(expected.argmax())}
     if logprobs:
@@ -82,13 +78,13 @@ def test_decode_after_prefill_reads_the_cache(setup):
     hf, runner = setup
     prompt = list(range(10, 17))
     r = _request("d", prompt, [20, 3], seed=5)
-    first = runner.execute(SchedulerOutput(scheduled=[ScheduledRequest(r, 7, True)])).sampled["d"]
+    first = runner.execute(SchedulerOutput([(r, 7, True)])).sampled["d"]
     r.num_computed_tokens = 7
     r.token_ids.append(first)
-    second = runner.execute(SchedulerOutput(scheduled=[ScheduledRequest(r, 1, True)])).sampled["d"]
+    second = runner.execute(SchedulerOutput([(r, 1, True)])).sampled["d"]
     expected = _hf_logprobs(hf, prompt + [first])[-1].argmax()
     assert [first, second] == [int(_hf_logprobs(hf, prompt)[-1].argmax()), int(expected)]
-    assert "d" not in runner.execute(SchedulerOutput(scheduled=[ScheduledRequest(r, 1, False)])).sampled
+    assert "d" not in runner.execute(SchedulerOutput([(r, 1, False)])).sampled
 
 
 def test_unsupported_model_is_refused(tmp_path):

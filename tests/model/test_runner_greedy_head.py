@@ -10,7 +10,7 @@ from helpers.models import VOCAB, build_tiny_model
 from bulkrun.engine.core.config import EngineConfig
 from bulkrun.engine.core.params import SamplingParams
 from bulkrun.engine.core.request import Request
-from bulkrun.engine.core.scheduler import ScheduledRequest, SchedulerOutput
+from bulkrun.engine.core.scheduler import SchedulerOutput
 from bulkrun.engine.core.scoring import ScoringState
 from bulkrun.engine.worker.runner import ModelRunner
 
@@ -27,7 +27,7 @@ def runner(request, tmp_path_factory):
     return runner
 
 
-def _step() -> SchedulerOutput:
+def _step(rows=range(6)) -> SchedulerOutput:
     gen = torch.Generator().manual_seed(7)
     prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (9, 5, 7, 6, 8, 10)]
     params = [
@@ -42,11 +42,9 @@ def _step() -> SchedulerOutput:
         r = Request(f"r{i}", p, list(prompt), len(prompt))
         r.block_table = list(range(first_block, first_block + 3))
         first_block += 3
-        scheduled.append(ScheduledRequest(r, len(prompt), i < len(params)))
-    scheduled[-1].request.scoring = ScoringState(
-        score_start=6
-    )  # a scoring child: its last 4 tokens are scored
-    return SchedulerOutput(scheduled=scheduled)
+        scheduled.append((r, len(prompt), i < len(params)))
+    scheduled[-1][0].scoring = ScoringState(score_start=6)  # a scoring child: its last 4 tokens are scored
+    return SchedulerOutput(scheduled[i] for i in rows)
 
 
 def test_greedy_rows_are_screened_and_the_rest_use_the_full_head(runner, monkeypatch):
@@ -69,8 +67,7 @@ def test_a_step_of_greedy_rows_alone_runs_no_full_head_rows(runner, monkeypatch)
     full_rows = []
     logits = runner.model.logits
     monkeypatch.setattr(runner.model, "logits", lambda h: full_rows.append(len(h)) or logits(h))
-    out = _step()
-    out.scheduled = [out.scheduled[0], out.scheduled[3]]
+    out = _step(rows=(0, 3))
     with_screen = runner.execute(out)
     assert full_rows == [0]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from bulkrun.engine.core.params import SamplingParams
 from bulkrun.engine.core.request import Request
-from bulkrun.engine.core.scheduler import ScheduledRequest
 from bulkrun.engine.core.scoring import ScoringState
 from bulkrun.engine.worker.step_inputs import build_step_inputs
 
@@ -25,9 +24,9 @@ def test_positions_slots_and_lengths_of_a_mixed_step():
     fresh = _req("f", range(300, 303), 0, [4])
     inputs = build_step_inputs(
         [
-            ScheduledRequest(decode, 1, True),
-            ScheduledRequest(chunk, 7, False),
-            ScheduledRequest(fresh, 3, True),
+            (decode, 1, True),
+            (chunk, 7, False),
+            (fresh, 3, True),
         ],
         BS,
     )
@@ -54,9 +53,9 @@ def test_score_spans_cover_exactly_the_scored_positions_of_each_chunk():
     generate = _req("g", range(40, 43), 0, [5])
     inputs = build_step_inputs(
         [
-            ScheduledRequest(first, 6, False),
-            ScheduledRequest(second, 8, False),
-            ScheduledRequest(generate, 3, True),
+            (first, 6, False),
+            (second, 8, False),
+            (generate, 3, True),
         ],
         BS,
     )
@@ -69,12 +68,12 @@ def test_score_spans_cover_exactly_the_scored_positions_of_each_chunk():
 
 def test_a_later_chunk_scores_only_its_own_positions():
     r = _req("s", range(50, 60), 6, [0, 1, 2], score_start=5)  # position 4 was scored by the first chunk
-    inputs = build_step_inputs([ScheduledRequest(r, 4, False)], BS)
+    inputs = build_step_inputs([(r, 4, False)], BS)
     assert inputs.logits_indices.tolist() == [0, 1, 2]  # positions 6, 7, 8; position 9 has no target
     assert inputs.score_spans[0].targets == [57, 58, 59]
 
 
 def test_a_chunk_before_the_scored_part_asks_for_no_logits():
     r = _req("s", range(50, 60), 0, [0, 1, 2], score_start=8)
-    inputs = build_step_inputs([ScheduledRequest(r, 4, False)], BS)
+    inputs = build_step_inputs([(r, 4, False)], BS)
     assert inputs.logits_indices.tolist() == [] and inputs.score_spans == []

@@ -9,7 +9,7 @@ from typing import Any
 
 @dataclass(slots=True)
 class RunnerOutput:
-    # request_id -> the new token, for every ScheduledRequest with sample=True (ModelRunner fills
+    # request_id -> the new token, for every SchedulerOutput row with sample=True (ModelRunner fills
     # it only for execute(): the engine reads sampled_tokens)
     sampled: dict[str, int] = field(default_factory=dict)
     # the same tokens in the order of the step's sample rows, where the runner has them so (a

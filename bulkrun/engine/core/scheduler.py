@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
 from operator import attrgetter
 
 import numpy as np
@@ -24,28 +23,11 @@ from bulkrun.engine.core.running_batch import RunningBatch
 from bulkrun.engine.core.scoring import ScoringEvent
 
 
-@dataclass(slots=True)
-class ScheduledRequest:
-    """Compute token_ids[start : start + num_tokens] of `request` (a view of one SchedulerOutput row).
-
-    `sample` is True when this chunk reaches the end of the request's tokens and it generates: the
-    runner then samples one new token for it. `start` defaults to the request's
-    num_computed_tokens (for steps built by hand).
-    """
-
-    request: Request
-    num_tokens: int
-    sample: bool
-    start: int = -1
-
-    def __post_init__(self) -> None:
-        if self.start < 0:
-            self.start = self.request.num_computed_tokens
-
-
 class SchedulerOutput:
-    """One step's work as parallel per-row lists (cheap to build and to read at 1,000 rows), plus
-    what changed in the queues."""
+    """One step's work, plus what changed in the queues. Its one shape: parallel per-row lists
+    (row i computes token_ids[starts[i] : starts[i] + num_tokens[i]] of requests[i], and samples a
+    new token when samples[i]), cheap to build and to read at 1,000 rows; array() reads a list as
+    numpy once the scheduler has finished the step."""
 
     __slots__ = (
         "requests", "starts", "num_tokens", "samples", "preempted", "failed", "released_request_ids",
@@ -53,7 +35,9 @@ class SchedulerOutput:
         "slots", "epochs", "batch", "constrained", "_arrays",
     )  # fmt: skip
 
-    def __init__(self, scheduled: Iterable[ScheduledRequest] = (), **fields):
+    def __init__(self, rows: Iterable[tuple[Request, int, bool]] = (), **fields):
+        """`rows`: (request, num_tokens, sample) for a step built by hand; each row starts at the
+        request's num_computed_tokens. The scheduler builds its steps with add()."""
         self.requests: list[Request] = []
         self.starts: list[int] = []  # first position each row computes
         self.num_tokens: list[int] = []
@@ -77,24 +61,12 @@ class SchedulerOutput:
         if fields:
             raise TypeError(f"unknown SchedulerOutput fields: {sorted(fields)}")
         self.num_scheduled_tokens = 0
-        self.scheduled = scheduled
+        for req, n, sample in rows:
+            self.add(req, req.num_computed_tokens, n, sample)
 
-    @property
-    def scheduled(self) -> list[ScheduledRequest]:
-        return [
-            ScheduledRequest(*row)
-            for row in zip(self.requests, self.num_tokens, self.samples, self.starts, strict=True)
-        ]
-
-    @scheduled.setter
-    def scheduled(self, items: Iterable[ScheduledRequest]) -> None:
-        items = list(items)
-        self._arrays = {}
-        self.requests = [s.request for s in items]
-        self.starts = [s.start for s in items]
-        self.num_tokens = [s.num_tokens for s in items]
-        self.samples = [s.sample for s in items]
-        self.num_scheduled_tokens = sum(self.num_tokens)
+    def rows(self) -> Iterable[tuple[Request, int, int, bool]]:
+        """(request, start, num_tokens, sample) per row, in row order."""
+        return zip(self.requests, self.starts, self.num_tokens, self.samples, strict=True)
 
     def __len__(self) -> int:
         return len(self.requests)

@@ -229,7 +229,7 @@ class ModelRunner:
         """The largest step's inputs (on the device), a scratch KV cache for it, and its lengths."""
         from bulkrun.engine.core.params import SamplingParams
         from bulkrun.engine.core.request import Request
-        from bulkrun.engine.core.scheduler import ScheduledRequest, SchedulerOutput
+        from bulkrun.engine.core.scheduler import SchedulerOutput
         from bulkrun.engine.core.scoring import ScoringState
 
         bs = self.block_size
@@ -241,7 +241,7 @@ class ModelRunner:
             table = list(range(first, first + b))
             r = Request(f"profile{i}", SamplingParams(), [3] * n, n, block_table=table)
             r.scoring = ScoringState(score_start=1)  # every row but the last scores the next token
-            scheduled.append(ScheduledRequest(r, n, False))
+            scheduled.append((r, n, False))
             first += b
         inputs = self._to_device(self.builder.build(SchedulerOutput(scheduled), pending={}))
         return inputs, scratch, lengths

@@ -20,7 +20,7 @@ import torch
 
 from bulkrun.engine.core.request import Request
 from bulkrun.engine.core.running_batch import RunningBatch
-from bulkrun.engine.core.scheduler import ScheduledRequest, SchedulerOutput
+from bulkrun.engine.core.scheduler import SchedulerOutput
 from bulkrun.engine.core.scoring import ScoreRows, ScoreSpan
 from bulkrun.model.attention_metadata import AttentionMetadata
 
@@ -186,9 +186,9 @@ class StepBuilder:
         )
 
 
-def build_step_inputs(scheduled: list[ScheduledRequest], block_size: int) -> StepInputs:
-    """One step's inputs built by hand (tests): CPU tensors."""
-    return StepBuilder(block_size).build(SchedulerOutput(scheduled), pending={})
+def build_step_inputs(rows: list[tuple[Request, int, bool]], block_size: int) -> StepInputs:
+    """One step's inputs built by hand (tests) from (request, num_tokens, sample) rows: CPU tensors."""
+    return StepBuilder(block_size).build(SchedulerOutput(rows), pending={})
 
 
 @contextmanager
