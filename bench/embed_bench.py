@@ -129,14 +129,11 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dtype", default=None, help="bulkrun's --dtype (default: its own default)")
-    parser.add_argument("--daemon", action="store_true", help="let a running `bulkrun daemon` serve the runs")
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
     model_dir = resolve_model(DEFAULT_EMBED_MODEL)  # unzipped once, before any timing
     env = dict(os.environ)
-    if not args.daemon:
-        env["BULKRUN_NO_DAEMON"] = "1"
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     with tempfile.TemporaryDirectory(prefix="embed-bench-") as tmp:
         work = Path(tmp)
