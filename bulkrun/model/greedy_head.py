@@ -2,7 +2,7 @@
 
 A greedy row that asks for no log-probability needs only the argmax. On CPUs with native bf16 dot
 products (avx512_bf16, amx_bf16) oneDNN's bf16 product of the LM head takes about half the time of
-the fp32 one (7.9 vs 14.7 ms at 48 rows x 49152 x 576 here); a native pass then bounds its error and
+the fp32 one (bench/lm_head_bench.py); a native pass then bounds its error and
 verifies the few tokens that could still win against the fp32 weight (bulkrun_kernels.cpu_greedy),
 so the token is exactly the fp32 head's argmax. Where bf16 is emulated it would be slower: not built.
 """

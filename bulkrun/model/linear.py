@@ -8,12 +8,11 @@ blocking, which it picks from the row count, is then always the same). On CUDA, 
 Triton matmul (bulkrun_kernels.matmul) replaces cuBLAS, whose kernel choice varies with M.
 
 Not batch invariant: two packings, chosen per call by the number of rows:
-- oneDNN's blocked copy (`packed`): measured here (AMD EPYC, AVX-512) it beats F.linear (MKL, which
-  takes its AVX2 path on AMD) at every row count, and reaches ~215 GFLOP/s on prompt chunks.
+- oneDNN's blocked copy (`packed`): it beats F.linear (MKL, which takes its AVX2 path on AMD) at
+  every row count on AVX-512 machines.
 - 32-column panels for our native `small_gemm` (`panels`, only with the CPU native kernels): at
   decode-sized batches a step streams every weight from DRAM, which oneDNN does not overlap with its
-  FMAs; the panel kernel prefetches the next panel and runs a 30-layer decode step of 48 rows in ~51
-  ms against oneDNN's ~70 (both measured on the default model's shapes).
+  FMAs; the panel kernel prefetches the next panel and wins there (docs/benchmarks.md, design figures).
 Keeping both costs a second copy of the linear weights; when memory is short only the panels stay.
 The plain weight is dropped once packed (a tied LM head's weight lives on as the embedding).
 """

@@ -1,8 +1,8 @@
 // Prompt-chunk attention on AMX tiles (bf16 in, fp32 accumulation), for paged_attention.cpp.
 //
 // Why: a prompt chunk's attention is two matmuls per kv head (scores = Q K^T, out = P V), and with
-// AVX-512 FMAs in fp32 they ran at ~100 GFLOP/s on the dev box, a third of the engine's bf16 time
-// next to linears that oneDNN runs on AMX. AMX multiplies 16x32 by 32x16 bf16 tiles into fp32 in
+// AVX-512 FMAs in fp32 they take a large share of a bf16 step next to linears that run on AMX
+// (docs/benchmarks.md, design figures). AMX multiplies 16x32 by 32x16 bf16 tiles into fp32 in
 // one instruction. What stays as run_item does it: fp32 scores, the causal mask, one max / exp /
 // sum per row in fp32 (softmax_row). What changes: the probabilities are rounded to bf16 for the
 // P V product (as FlashAttention does on GPUs; 2^-9 relative per probability), and the row sums

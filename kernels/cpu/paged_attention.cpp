@@ -32,7 +32,7 @@ constexpr int64_t kAmxQueryTile = 64;  // on AMX: each item lays out its keys an
 constexpr int64_t kKeys = 16;  // keys per score vector (one F16)
 constexpr int64_t kRowBlock = 8;  // query rows scored together against transposed keys
 // decode rows: each group of keys is prefetched into L2 a group ahead, and each key into L1 this many
-// keys ahead (0.62-0.65 -> 0.59-0.61 ms a layer at 48 rows; 8 measured the same)
+// keys ahead (docs/benchmarks.md, design figures)
 constexpr int64_t kL1Ahead = 4;
 // 16-element vectors per 64-byte cache line: one prefetch per line
 template <typename T>
@@ -173,8 +173,8 @@ template <int NV, typename T>
 void run_item(const WorkItem& w, const Geometry& g, const T* q, const T* k_cache, const T* v_cache,
               const int32_t* table, int64_t token0, int64_t new_tokens, int64_t context, T* out) {
   const int64_t tile = w.q_end - w.q_begin, group = g.group, rows = tile * group;
-  // rows per sweep over the values: their R x NV sums stay in registers (6 x 4 at head_dim 64: 3.38 ->
-  // 3.08 ms a prompt-chunk layer against 4 rows)
+  // rows per sweep over the values: their R x NV sums stay in registers (6 x 4 at head_dim 64 beat
+  // 4 rows on a prompt-chunk layer)
   constexpr int64_t kSweepRows = std::max<int64_t>(1, std::min<int64_t>(6, 24 / NV));
   const int64_t key_stride = g.num_kv_heads * NV * 16;
   const int64_t first_pos = context - new_tokens;  // position of new token 0

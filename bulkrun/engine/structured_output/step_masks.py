@@ -6,7 +6,7 @@ matchers to llguidance's batch filler (its own threads, GIL released) on a side 
 at once; None when no row is constrained, so free batches pay nothing. That overlap is for a device
 that computes while the host's cores are free. On the CPU the forward already keeps every core
 busy, and a side thread competing with its threads costs the forward more than the fill itself
-(measured: constrained throughput 0.75x with the side thread), so there the fill runs first, on all
+(docs/benchmarks.md, design figures), so there the fill runs first, on all
 cores, and the forward after it. After the forward, `apply`
 masks the logits rows (greedy and sampled rows alike: the sampler then sees only allowed tokens).
 A constrained row always gets its logits (never the screened greedy head, whose token the host

@@ -3,8 +3,7 @@
 glibc serves allocations above its mmap threshold with fresh mappings and returns them on free, so
 every step's multi-megabyte activations (and each attention group's gathered K/V) are page-faulted
 in again, a few microseconds per 4 KiB page. Raising the mmap and trim thresholds keeps that memory
-in the heap for reuse (measured here: decode attention of 16 sequences 3.6 -> 1.3 ms a layer; a
-whole 48-prompt run ~8% faster). The same advice as tcmalloc/jemalloc for CPU inference, without
+in the heap for reuse (docs/benchmarks.md, design figures). The same advice as tcmalloc/jemalloc for CPU inference, without
 the preload.
 """
 

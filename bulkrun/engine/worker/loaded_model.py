@@ -44,8 +44,8 @@ class LoadedModel:
 
 def resolve_device_dtype(config: EngineConfig, backend: str) -> tuple[torch.device, torch.dtype, str]:
     """The run's device, its dtype and why that dtype: the one asked for; bfloat16 on CUDA; on the
-    CPU bfloat16 where it multiplies bf16 natively and the native kernels run (4-10x faster linears,
-    half the KV cache; its quality against fp32 is measured by bench/precision_bench.py), else float32."""
+    CPU bfloat16 where it multiplies bf16 natively and the native kernels run (faster linears, half
+    the KV cache; speed and quality against fp32: bench/precision_bench.py), else float32."""
     device = resolve_device(config.device)
     if config.dtype is not None:
         if config.dtype not in _DTYPES:

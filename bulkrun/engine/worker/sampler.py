@@ -7,7 +7,7 @@ numbers again. Unseeded requests draw from one per-engine generator.
 
 Filtering follows transformers' order: temperature, then top-k, then top-p, then min-p. Top-k rows
 work on their top k candidates. A top-p row without top-k sorts its whole vocabulary on a GPU; on the
-CPU (where a full sort costs ~5 ms a row) it first tries its top candidates and, when they hold less
+CPU (where a full-vocabulary sort costs milliseconds a row) it first tries its top candidates and, when they hold less
 than top_p of the mass, retries with 8x as many, up to the whole vocabulary, on its own (so its result
 never depends on its batch mates). Every parameter and draw reaches the device through Staging, and
 the results stay there: a GPU step samples without the host waiting.
