@@ -19,7 +19,7 @@ from bulkrun.engine.worker.device import resolve_device
 from bulkrun.engine.worker.loaded_model import resolve_device_dtype
 from bulkrun.engine.worker.pooling import finish, pool_packed
 from bulkrun.model.encoder_loader import load_encoder
-from bulkrun.model.linear import pack_linears_for_cpu
+from bulkrun.model.linear import pack_linears_for_cpu, set_batch_invariant
 from bulkrun_kernels import resolve_backend
 
 
@@ -43,8 +43,11 @@ class EncoderRunner:
             raise ValueError(f"kernel backend 'triton' needs a CUDA device, got {self.device}")
         self.device, self.dtype, self.dtype_reason = resolve_device_dtype(config, backend)
         self.model = load_encoder(model_dir, varlen_attention_for(backend), self.dtype, self.device)
+        set_batch_invariant(self.model, config.batch_invariant)
         if self.device.type == "cpu":
-            pack_linears_for_cpu(self.model, panels=False)
+            # bf16 on the native AMX GEMM where built (one fixed-order call for every row count),
+            # else oneDNN; the fp32 panel kernel is for decode-sized batches, not encoder steps
+            pack_linears_for_cpu(self.model, panels=backend == "cpu" and self.dtype == torch.bfloat16)
         cfg = self.model.cfg
         self.vocab_size = cfg.vocab_size
         self.max_model_len = min(cfg.max_model_len, config.max_model_len or cfg.max_model_len)
