@@ -236,9 +236,7 @@ def main() -> None:
     )
     results = {}
     for on in (False, True):
-        eng = load_engine(
-            str(model_dir), EngineConfig(enable_prefix_caching=on, kv_cache_bytes=1 << 30)
-        )
+        eng = load_engine(str(model_dir), EngineConfig(enable_prefix_caching=on, kv_cache_bytes=1 << 30))
         secs, _, _ = run_bulkrun(eng, shared, 16)
         results[on] = secs
         print(f"  prefix cache {'on ' if on else 'off'}: {secs:6.1f} s  ({len(shared) / secs:.2f} prompts/s)")
