@@ -69,7 +69,7 @@ def bulkrun(
         ),
     ] = False,
 ) -> None:
-    """Offline bulk LLM inference: classify, generate, summarize and evaluate whole files on a
+    """Offline bulk LLM inference: classify, generate, summarize, evaluate and embed whole files on a
     continuous-batching engine, with resumable, checkpointed results.
 
     INPUT of the job commands: a .jsonl, .parquet or .csv file, or an OpenAI batch .jsonl.
