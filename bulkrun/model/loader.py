@@ -134,7 +134,8 @@ def _fill_from_checkpoint(model, model_dir: Path, cfg: ModelConfig, dtype, devic
             raise ValueError(f"{sources[0]} has shape {tuple(value.shape)}, expected {tuple(param.shape)}")
         if cfg.norm_offset and name.endswith("norm"):  # Gemma's (1 + w) RMSNorm, as a plain weight
             value = value.float() + 1.0
-        param.data = value.to(device=device, dtype=param_dtype(name, dtype, device)).contiguous()
+        value = value.to(device=device, dtype=param_dtype(name, dtype, device)).contiguous()
+        param.data = weight_cache.aligned(value)  # never a misaligned view of the mapped checkpoint
         used.update(sources)
     if cfg.tie_word_embeddings:
         used.add("lm_head.weight")

@@ -54,11 +54,27 @@ def test_second_load_maps_the_cached_weights(kind, dtype, tmp_path, cache_dir, m
 
     monkeypatch.setattr(loader, "_fill_from_checkpoint", no_checkpoint)
     second = loader.load_model(tmp_path / "m", ops, dtype, CPU)
+    # every weight, converted or mapped, starts on a 64-byte boundary: a misaligned one (a view of a
+    # safetensors file, whose header is padded to 8 bytes) takes another reduction order in MKL's
+    # fp32 gemv on AMD, and so gave other logits
+    assert all(p.data_ptr() % weight_cache.ALIGN == 0 for m in (first, second) for p in m.parameters())
     assert torch.equal(_logits(first), _logits(second))
     assert second.layers[0].attn.qkv.weight.dtype == dtype
     assert second.embed_tokens.dtype == torch.float32  # kept fp32 on the CPU, as the loader stores it
     if kind == "llama":
         assert second.lm_head.weight is second.embed_tokens
+
+
+def test_the_cache_file_is_plain_safetensors(tmp_path, cache_dir):
+    from safetensors.torch import load_file
+
+    build_tiny_model("qwen3", tmp_path / "m")
+    model = loader.load_model(tmp_path / "m", get_ops("reference"), torch.bfloat16, CPU)
+    (path,) = (cache_dir / "weights").glob("*.safetensors")
+    stored = {n: t for n, t in load_file(str(path)).items() if not n.startswith("__pad")}
+    params = dict(model.named_parameters())
+    assert stored.keys() == params.keys()
+    assert all(torch.equal(stored[n], params[n]) for n in params)
 
 
 def test_dtype_and_changed_checkpoint_get_their_own_files(tmp_path, cache_dir):
