@@ -87,7 +87,10 @@ def test_same_bits_in_any_batch(model_dir, dtype, kernels):
 
 
 def test_the_check_has_power(model_dir, monkeypatch):
-    """Without batch invariance the same comparison fails: the test above can fail."""
+    """Without batch invariance the same comparison fails: the test above can fail. In fp32, whose
+    bits no bf16 rounding hides: the linears switch kernels with the row count and a prompt chunk's
+    attention rows take the many-row path on every CPU (in bf16 the difference shows only where the
+    variant paths round otherwise, as AMX's bf16 probabilities do)."""
     monkeypatch.setitem(_INVARIANCE, "batch_invariant", False)
     with pytest.raises(AssertionError, match="differs from its run alone"):
-        test_same_bits_in_any_batch(model_dir, "bfloat16", "cpu")
+        test_same_bits_in_any_batch(model_dir, "float32", "cpu")
