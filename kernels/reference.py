@@ -261,23 +261,27 @@ def rotary(
     q_out: torch.Tensor | None = None,
     k_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate-half (NeoX/Llama) rotary embedding; cos_sin_cache[pos] = [cos(pos*f) | sin(pos*f)], [P, D].
+    """Rotate-half (NeoX/Llama) rotary embedding; cos_sin_cache[row] = [cos(pos*f) | sin(pos*f)],
+    [rows, R], `positions` each token's row. The rotation covers each head's first R dims (R <= D:
+    partial rotary); the others pass through unchanged.
 
     Returns new tensors, or writes into q_out / k_out when given (they may be q / k themselves).
     """
-    cos, sin = cos_sin_cache.index_select(0, positions).unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D/2]
+    cos, sin = cos_sin_cache.index_select(0, positions).unsqueeze(1).chunk(2, dim=-1)  # [T, 1, R/2]
     return _rotate(q, cos, sin, q_out), _rotate(k, cos, sin, k_out)
 
 
 def _rotate(x, cos, sin, out):
-    x1, x2 = x.chunk(2, dim=-1)
+    half = cos.shape[-1]
+    x1, x2, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
     first = (x1 * cos - x2 * sin).to(x.dtype)
     second = (x2 * cos + x1 * sin).to(x.dtype)
     if out is None:
-        return torch.cat((first, second), dim=-1)
-    half = x.shape[-1] // 2
+        return torch.cat((first, second, rest), dim=-1)
+    if out is not x and rest.shape[-1]:
+        out[..., 2 * half :] = rest
     out[..., :half] = first
-    out[..., half:] = second
+    out[..., half : 2 * half] = second
     return out
 
 

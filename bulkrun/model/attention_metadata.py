@@ -16,5 +16,13 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # [B, max_blocks] int32, rows padded with 0
     query_start_loc: torch.Tensor  # [B + 1] int32: sequence s owns rows query_start_loc[s]:[s+1]
     seq_lens: torch.Tensor  # [B] int32: context length including this step's tokens
+    # [T] int64: each token's row of the rotary table where that is not its position (LongRoPE: a
+    # request past the short context reads the long factors' rows, DecoderLM.init_rotary); None:
+    # the positions are the rows
+    rope_rows: torch.Tensor | None = None
     # Reference (CPU) attention only: the step's grouping of sequences, built once, used by every layer.
     plan: AttentionPlan | None = None
+
+    @property
+    def rotary_rows(self) -> torch.Tensor:
+        return self.positions if self.rope_rows is None else self.rope_rows

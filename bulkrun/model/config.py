@@ -1,10 +1,16 @@
 """Our view of a Hugging Face config.json: the fields the model families need, checked up front.
 
 Supported: Llama (incl. SmolLM2), Mistral, Qwen2 (q/k/v bias), Qwen3 (per-head q/k RMSNorm), Phi-3
-(fused qkv / gate_up weights, a window on every layer; not LongRoPE); Gemma 2
-and Gemma 3 (text; per-layer sliding windows, two RoPE bases, GeGLU, soft-capping); the MoE families
-in moe_config.py. Tied or untied embeddings; rope types default, linear and llama3. Anything else is
-refused with a message that names what was found, before any weight is read.
+(fused qkv / gate_up weights, a window on every layer, LongRoPE and partial rotary: Phi-3-128k,
+Phi-3.5, Phi-4-mini); Gemma 2 and Gemma 3 (text; per-layer sliding windows, two RoPE bases, GeGLU,
+soft-capping); the MoE families in moe_config.py. Tied or untied embeddings; rope types default,
+linear, llama3, yarn, and longrope (Phi-3 only). Anything else is refused with a message that names
+what was found, before any weight is read.
+
+LongRoPE has two sets of inverse frequencies. transformers' Phi-3 runs a sequence of at most
+original_max_position_embeddings (N) tokens on the short factors, and once it grows past N drops its
+cache and recomputes every position on the long ones (Phi3ForCausalLM.prepare_inputs_for_generation):
+the engine does the same per request (`long_rope_after`).
 """
 
 from __future__ import annotations
@@ -34,7 +40,10 @@ SUPPORTED_MODEL_TYPES = {
 _GEMMA = ("gemma2", "gemma3_text")
 _QKV_BIAS = ("qwen2", "qwen2_moe")
 _ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+# where transformers slices the rotation to the first head_dim * partial_rotary_factor dims and
+# switches LongRoPE's factors by recomputing the cache (other families' code does neither)
+_PARTIAL_ROTARY_AND_LONGROPE = ("phi3",)
 
 
 class UnsupportedModelError(ValueError):
@@ -53,7 +62,7 @@ class ModelConfig:
     head_dim: int
     rms_norm_eps: float
     rope_theta: float
-    rope_scaling: dict | None  # the rope parameters for linear / llama3, None for default
+    rope_scaling: dict | None  # the rope parameters for linear / llama3 / yarn / longrope, None for default
     max_position_embeddings: int
     max_model_len: int  # what we can serve exactly (a sliding window caps it)
     tie_word_embeddings: bool
@@ -73,9 +82,25 @@ class ModelConfig:
     norm_offset: bool = False  # RMSNorm weights stored as w - 1: (1 + w) * norm(x) (Gemma)
     moe: object | None = None  # moe_config.MoeConfig for the mixture-of-experts families
     attn_sinks: bool = False  # a learned sink logit per head in every attention softmax (gpt-oss)
+    # the rotation covers each head's first head_dim * this dims, the rest pass through (Phi-4-mini)
+    partial_rotary_factor: float = 1.0
 
     def window(self, layer: int) -> int:
         return self.layer_windows[layer] if self.layer_windows else 0
+
+    @property
+    def rotary_dim(self) -> int:
+        """The leading dims of each head the rotation covers (transformers' int(head_dim * factor))."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def long_rope_after(self) -> int | None:
+        """LongRoPE: a sequence longer than this runs on the long factors (all of its positions);
+        None: one set of frequencies for every length."""
+        scaling = self.rope_scaling
+        if scaling is None or scaling["rope_type"] != "longrope":
+            return None
+        return scaling["original_max_position_embeddings"]
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path) -> ModelConfig:
@@ -103,6 +128,10 @@ class ModelConfig:
             )
         rope_theta, rope_scaling = _rope(cfg)
         max_pos = cfg.get("max_position_embeddings", 2048)
+        partial = _partial_rotary(cfg)
+        rotary_dim = _rotary_dim(head_dim, partial)
+        if rope_scaling is not None and rope_scaling["rope_type"] == "longrope":
+            rope_scaling = _longrope(rope_scaling, cfg, rotary_dim, max_pos)
         attention_bias = bool(cfg.get("attention_bias", False))
         family = _gemma_fields(cfg, model_type) if model_type in _GEMMA else {}
         if model_type in _GEMMA:
@@ -145,14 +174,17 @@ class ModelConfig:
             eos_token_ids=tuple(sorted(_ids(cfg.get("eos_token_id")) | _ids(extra_eos_token_ids))),
             hidden_act=_ACTIVATIONS[act],
             **family,
+            partial_rotary_factor=partial,
         )
 
-    def inv_freq(self, local: bool = False) -> torch.Tensor:
-        """Rotary inverse frequencies, computed exactly as transformers does for each rope type;
-        local: the sliding layers' (their own base, no scaling) where the model has one."""
-        dim = self.head_dim
+    def inv_freq(self, local: bool = False, long: bool = False) -> torch.Tensor:
+        """Rotary inverse frequencies (rotary_dim / 2 of them), computed exactly as transformers does
+        for each rope type; local: the sliding layers' (their own base, no scaling) where the model
+        has one; long: LongRoPE's long factors (else its short ones)."""
+        dim = self.rotary_dim
         theta = self.local_rope_theta if local else self.rope_theta
-        inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+        inv_freq = 1.0 / (theta**exponents)
         scaling = None if local else self.rope_scaling
         if scaling is None:
             return inv_freq
@@ -160,12 +192,20 @@ class ModelConfig:
             return inv_freq / scaling["factor"]
         if scaling["rope_type"] == "yarn":
             return _yarn_inv_freq(theta, dim, scaling)
+        if scaling["rope_type"] == "longrope":  # _compute_longrope_parameters
+            factors = torch.tensor(scaling["long_factor" if long else "short_factor"], dtype=torch.float32)
+            return 1.0 / (factors * theta**exponents)
         return _llama3_inv_freq(inv_freq, scaling)
 
     def rope_attention_scaling(self) -> float:
-        """The factor on cos and sin (YaRN's attention factor; 1 otherwise)."""
+        """The factor on cos and sin (YaRN's and LongRoPE's attention factor, the same for both of
+        LongRoPE's tables; 1 otherwise)."""
         scaling = self.rope_scaling
-        return _yarn_attention_factor(scaling) if scaling and scaling["rope_type"] == "yarn" else 1.0
+        if scaling is None or scaling["rope_type"] not in ("yarn", "longrope"):
+            return 1.0
+        if scaling["rope_type"] == "longrope":
+            return scaling["attention_factor"]
+        return _yarn_attention_factor(scaling)
 
 
 def _check_architecture(cfg: dict) -> str:
@@ -194,15 +234,26 @@ def _rope(cfg: dict, params: dict | None = None, default_theta: float = 10000.0)
         params.update(cfg.get("rope_parameters") or {})
     theta = float(params.get("rope_theta", cfg.get("rope_theta", default_theta)))
     rope_type = params.get("rope_type", params.get("type", "default"))
+    phi3 = cfg.get("model_type") in _PARTIAL_ROTARY_AND_LONGROPE
+    if phi3 and rope_type in ("su", "yarn"):  # transformers' Phi-3 reads both as LongRoPE
+        rope_type = "longrope"
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedModelError(
             f"unsupported rope scaling type {rope_type!r}; bulkrun supports {', '.join(SUPPORTED_ROPE_TYPES)}"
         )
-    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
-    if partial != 1.0:
-        raise UnsupportedModelError(f"unsupported partial_rotary_factor {partial} (only 1.0)")
+    if rope_type == "longrope" and not phi3:
+        raise UnsupportedModelError(
+            f"unsupported rope scaling type 'longrope' for {cfg.get('model_type')!r} (phi3 only)"
+        )
+    partial = _partial_rotary(cfg, params)
+    if partial != 1.0 and not phi3:
+        raise UnsupportedModelError(
+            f"unsupported partial_rotary_factor {partial} (only 1.0; Phi-3 takes others)"
+        )
     if rope_type == "default":
         return theta, None
+    if rope_type == "longrope":  # completed by _longrope once head_dim is known
+        return theta, dict(params, rope_type="longrope")
     scaling = {"rope_type": rope_type, "factor": float(params["factor"])}
     if rope_type == "yarn":
         for key in ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim"):
@@ -216,6 +267,45 @@ def _rope(cfg: dict, params: dict | None = None, default_theta: float = 10000.0)
         old = params.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
         scaling["original_max_position_embeddings"] = int(old or cfg.get("max_position_embeddings", 2048))
     return theta, scaling
+
+
+def _partial_rotary(cfg: dict, params: dict | None = None) -> float:
+    if params is None:
+        params = {**(cfg.get("rope_scaling") or {}), **(cfg.get("rope_parameters") or {})}
+    return float(params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
+
+
+def _rotary_dim(head_dim: int, partial: float) -> int:
+    rotary_dim = int(head_dim * partial)
+    if rotary_dim <= 0 or rotary_dim % 2:
+        raise UnsupportedModelError(
+            f"unsupported partial_rotary_factor {partial}: head_dim {head_dim} x {partial} is not a "
+            "positive even number of dims"
+        )
+    return rotary_dim
+
+
+def _longrope(params: dict, cfg: dict, rotary_dim: int, max_pos: int) -> dict:
+    """LongRoPE's parameters as transformers' _compute_longrope_parameters reads them from a Phi-3
+    config: the pretraining context is the top-level original_max_position_embeddings (Phi3Config's
+    field, default 4096, overrides the rope dict's); the attention factor, unless given, is
+    sqrt(1 + ln(factor) / ln(original)) with factor = max_position_embeddings / original."""
+    original = int(cfg.get("original_max_position_embeddings", 4096))
+    factors = {}
+    for key in ("short_factor", "long_factor"):
+        values = params.get(key)
+        if not isinstance(values, list | tuple) or len(values) != rotary_dim // 2:
+            raise UnsupportedModelError(
+                f"longrope {key} must list {rotary_dim // 2} numbers (rotary dims / 2), got {values!r}"
+            )
+        factors[key] = tuple(float(v) for v in values)
+    factor = params.get("factor")
+    factor = max_pos / original if factor is None else float(factor)
+    attention = params.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return {"rope_type": "longrope", **factors, "original_max_position_embeddings": original,
+            "attention_factor": float(attention)}  # fmt: skip
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:

@@ -45,11 +45,21 @@ class DecoderLM(nn.Module):
         return None
 
     def init_rotary(self, max_positions: int) -> None:
-        """cos_sin_cache[p] = [cos(p * f) | sin(p * f)], computed in fp32 as transformers does. On the
-        CPU it stays fp32 whatever the model's dtype (the rotation runs in fp32 and rounds q and k
-        once); elsewhere it takes the model's dtype. Also fixes the embedding scale's rounding."""
-        scale = self.cfg.rope_attention_scaling()  # YaRN scales cos and sin
-        self.cos_sin_cache = self._rotary_table(self.cfg.inv_freq(), max_positions, scale)
+        """cos_sin_cache[p] = [cos(p * f) | sin(p * f)] (rotary_dim columns), computed in fp32 as
+        transformers does. On the CPU it stays fp32 whatever the model's dtype (the rotation runs in
+        fp32 and rounds q and k once); elsewhere it takes the model's dtype. Also fixes the embedding
+        scale's rounding.
+
+        LongRoPE: rows 0..N-1 are the short factors' (N = cfg.long_rope_after: only a sequence of at
+        most N tokens uses them), rows N + p the long factors' for position p; a token's row is its
+        AttentionMetadata.rope_rows entry."""
+        scale = self.cfg.rope_attention_scaling()  # YaRN and LongRoPE scale cos and sin
+        short = self.cfg.long_rope_after
+        if short is None:
+            self.cos_sin_cache = self._rotary_table(self.cfg.inv_freq(), max_positions, scale)
+        else:
+            long = self._rotary_table(self.cfg.inv_freq(long=True), max_positions, scale)
+            self.cos_sin_cache = torch.cat((self._rotary_table(self.cfg.inv_freq(), short, scale), long))
         if self.cfg.local_rope_theta is not None:
             self.local_cos_sin_cache = self._rotary_table(self.cfg.inv_freq(local=True), max_positions)
         if self.cfg.embed_scale:  # transformers multiplies by the scale in the weights' dtype

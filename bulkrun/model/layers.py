@@ -55,7 +55,7 @@ class Attention(nn.Module):
         if self.q_norm is not None:  # RMSNorm over each head before the rotation (Qwen3, Gemma 3)
             q = ops.rms_norm(q.reshape(-1, self.head_dim), self.q_norm, self.eps)[0].view(q.shape)
             k = ops.rms_norm(k.reshape(-1, self.head_dim), self.k_norm, self.eps)[0].view(k.shape)
-        q, k = ops.rotary(q, k, md.positions, cos_sin, q_out=q, k_out=k)  # in place, as for the norms
+        q, k = ops.rotary(q, k, md.rotary_rows, cos_sin, q_out=q, k_out=k)  # in place, as the norms
         ops.write_kv(k, v, k_cache, v_cache, md.slot_mapping)
         extra = {"plan": md.plan} if md.plan is not None else {}
         if self.window:

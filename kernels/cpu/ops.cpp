@@ -153,11 +153,12 @@ void gelu_tanh_and_mul(const at::Tensor& x, at::Tensor& out) {
   });
 }
 
-// Rotate-half rotary embedding: out[t, h] = rotate(x[t, h]) by cache[positions[t]] = cos | sin.
+// Rotate-half rotary embedding: out[t, h] = rotate(x[t, h]) by cache[positions[t]] = cos | sin over
+// the first 2 * half dims of each head; the `rest` dims after them pass through (partial rotary).
 // out may be x itself (each element is read before it is written).
 template <typename T, typename C>
 void rotate(const T* x, T* out, int64_t x_head_stride, int64_t out_head_stride, int64_t heads,
-            int64_t half, const C* cos, const C* sin) {
+            int64_t half, int64_t rest, const C* cos, const C* sin) {
   for (int64_t hd = 0; hd < heads; ++hd) {
     const T* x1 = x + hd * x_head_stride;
     const T* x2 = x1 + half;
@@ -169,6 +170,7 @@ void rotate(const T* x, T* out, int64_t x_head_stride, int64_t out_head_stride, 
       o1[j] = from_float<T>(a * c - b * s);
       o2[j] = from_float<T>(b * c + a * s);
     }
+    if (rest > 0 && o1 != x1) std::memcpy(o1 + 2 * half, x1 + 2 * half, rest * sizeof(T));
   }
 }
 
@@ -181,7 +183,10 @@ void rotary(const at::Tensor& q, const at::Tensor& k, const at::Tensor& position
   check_rows(cos_sin_cache, "cos_sin_cache");
   TORCH_CHECK(cos_sin_cache.is_contiguous(), "bad rotary cache");
   TORCH_CHECK(positions.is_contiguous() && positions.scalar_type() == at::kLong, "positions must be int64");
-  const int64_t tokens = q.size(0), half = q.size(2) / 2, width = cos_sin_cache.size(1);
+  const int64_t tokens = q.size(0), width = cos_sin_cache.size(1), half = width / 2;
+  const int64_t rest = q.size(2) - width;
+  TORCH_CHECK(width % 2 == 0 && width > 0 && rest >= 0 && k.size(2) == q.size(2),
+              "the rotary cache needs an even number of columns, at most head_dim");
   const int64_t* pos = positions.data_ptr<int64_t>();
   with_type(q, [&](auto qt) {
     with_type(cos_sin_cache, [&](auto ct) {
@@ -196,8 +201,10 @@ void rotary(const at::Tensor& q, const at::Tensor& k, const at::Tensor& position
         for (int64_t t = begin; t < end; ++t) {
           const C* cos = cache + pos[t] * width;
           const C* sin = cos + half;
-          rotate(qp + t * q.stride(0), qo + t * q_out.stride(0), q.stride(1), q_out.stride(1), q.size(1), half, cos, sin);
-          rotate(kp + t * k.stride(0), ko + t * k_out.stride(0), k.stride(1), k_out.stride(1), k.size(1), half, cos, sin);
+          rotate(qp + t * q.stride(0), qo + t * q_out.stride(0), q.stride(1), q_out.stride(1), q.size(1), half,
+                 rest, cos, sin);
+          rotate(kp + t * k.stride(0), ko + t * k_out.stride(0), k.stride(1), k_out.stride(1), k.size(1), half,
+                 rest, cos, sin);
         }
       });
     });

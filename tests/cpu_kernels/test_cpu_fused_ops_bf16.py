@@ -60,18 +60,21 @@ def test_rms_norm_keeps_a_float32_residual_stream():
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, BF16])
+@pytest.mark.parametrize("rotary_dim", [64, 48])  # the whole head, or its leading dims
 @pytest.mark.parametrize("in_place", [False, True])
-def test_rotary(cache_dtype, in_place):
+def test_rotary(cache_dtype, in_place, rotary_dim):
     head_dim = 64
     qkv = randn(9, (4 + 2 + 2) * head_dim).to(BF16)
     q = qkv[:, : 4 * head_dim].view(9, 4, head_dim)
     k = qkv[:, 4 * head_dim : 6 * head_dim].view(9, 2, head_dim)
     positions = torch.tensor([0, 1, 2, 3, 50, 51, 700, 2, 9])
-    freqs = torch.arange(1024).float()[:, None] * (1e4 ** -(torch.arange(0, head_dim, 2) / head_dim))
+    freqs = torch.arange(1024).float()[:, None] * (1e4 ** -(torch.arange(0, rotary_dim, 2) / rotary_dim))
     cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(cache_dtype)
     want_q, want_k = reference.rotary(q.float(), k.float(), positions, cache.float())
     outs = {"q_out": q, "k_out": k} if in_place else {}
+    tails = q[..., rotary_dim:].clone(), k[..., rotary_dim:].clone()
     got_q, got_k = cpu_ops.rotary(q, k, positions, cache, **outs)
+    assert torch.equal(got_q[..., rotary_dim:], tails[0]) and torch.equal(got_k[..., rotary_dim:], tails[1])
     if in_place:
         assert got_q is q and got_k is k
     _close_to_fp32(got_q, want_q)

@@ -16,9 +16,10 @@ def make_scheduler():
     """Scheduler over a fresh pool, with a fake runner wired to check its KV use."""
 
     def build(
-        num_blocks=64, block_size=4, max_num_seqs=8, budget=32, max_model_len=256, caching=True, eos=()
-    ):
-        runner = FakeRunner(num_blocks, block_size, max_model_len, eos)
+        num_blocks=64, block_size=4, max_num_seqs=8, budget=32, max_model_len=256, caching=True, eos=(),
+        long_rope_after=None,
+    ):  # fmt: skip
+        runner = FakeRunner(num_blocks, block_size, max_model_len, eos, long_rope_after)
         pool = BlockPool(num_blocks, block_size, caching)
         runner.pool = pool
         sched = Scheduler(
@@ -27,6 +28,7 @@ def make_scheduler():
             max_num_batched_tokens=budget,
             max_model_len=max_model_len,
             eos_token_ids=eos,
+            long_rope_after=long_rope_after,
         )
         return sched, runner
 
@@ -37,8 +39,8 @@ def make_scheduler():
 def make_engine(request):
     """Engine over a fake runner; every test runs with async scheduling off and on."""
 
-    def build(num_blocks=64, block_size=4, max_model_len=256, eos=(SPECIAL,), **config):
-        runner = FakeRunner(num_blocks, block_size, max_model_len, eos)
+    def build(num_blocks=64, block_size=4, max_model_len=256, eos=(SPECIAL,), long_rope_after=None, **config):
+        runner = FakeRunner(num_blocks, block_size, max_model_len, eos, long_rope_after)
         config.setdefault("async_scheduling", request.param)
         engine = Engine(runner, EngineConfig(block_size=block_size, **config))
         runner.pool = engine.pool

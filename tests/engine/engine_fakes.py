@@ -4,6 +4,10 @@ The fake runner writes, for every computed token, a fingerprint of the whole pre
 the slot the block table names, and before computing it checks that every earlier position's slot holds
 the fingerprint of this request's own prefix. A wrong block table, a bad prefix-cache hit or a write into
 a shared block therefore fails loudly, while the "model" stays a pure function of the token ids.
+
+With long_rope_after = N (a LongRoPE model) the fingerprints also say which factors computed them,
+and every generating row must run on the factors transformers' Phi-3 would use: the long ones iff
+the request holds more than N tokens; a block of one kind read by a request of the other fails.
 """
 
 from __future__ import annotations
@@ -61,8 +65,11 @@ class ToyTokenizer:
 
 
 class FakeRunner:
-    def __init__(self, num_blocks=64, block_size=4, max_model_len=256, eos_token_ids=(SPECIAL,)):
+    def __init__(
+        self, num_blocks=64, block_size=4, max_model_len=256, eos_token_ids=(SPECIAL,), long_rope_after=None
+    ):
         self.num_blocks = num_blocks
+        self.long_rope_after = long_rope_after
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.eos_token_ids = set(eos_token_ids)
@@ -83,7 +90,9 @@ class FakeRunner:
             ids = token_ids_through(req, end, self.last_sampled)
             assert 0 < n and end <= len(ids), (req.request_id, start, n)
             assert len(req.block_table) * self.block_size >= end, "block table too short"
-            prints = fingerprints(ids[:end])
+            if self.long_rope_after is not None and req.generates:
+                assert req.long_rope == (len(ids) > self.long_rope_after), (req.request_id, "rope factors")
+            prints = fingerprints(ids[:end], salt=req.long_rope)
             for p in range(start):
                 assert self.slots.get(self.slot(req, p)) == prints[p], f"{req.request_id}: stale KV at {p}"
             for p in range(start, end):
@@ -130,8 +139,8 @@ def token_ids_through(req, end: int, last_sampled: dict[str, int]) -> list[int]:
     return ids
 
 
-def fingerprints(token_ids: list[int]) -> list[int]:
-    out, h = [], 17
+def fingerprints(token_ids: list[int], salt: bool = False) -> list[int]:
+    out, h = [], 17 + salt
     for t in token_ids:
         h = hash((h, t))
         out.append(h)

@@ -95,6 +95,14 @@ _LLAMA3_ROPE = {
     "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
     "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
 }  # fmt: skip
+
+
+def _longrope(n: int, **extra) -> dict:
+    """LongRoPE parameters with n short and n long factors, apart enough that a wrong choice shows."""
+    return {"rope_type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(n)],
+            "long_factor": [2.0 + 0.5 * i for i in range(n)], **extra}  # fmt: skip
+
+
 KINDS = {
     # kind: (transformers config class, its settings beside _COMMON)
     "llama": ("LlamaConfig", dict(tie_word_embeddings=True, rope_theta=50000.0)),  # SmolLM2-like
@@ -137,6 +145,13 @@ KINDS = {
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None)),
     # fused qkv / gate_up as stored; a sliding window on every layer
     "phi3": ("Phi3Config", dict(sliding_window=8, pad_token_id=0, tie_word_embeddings=False)),
+    # LongRoPE over a short context of 32 (the tests' prompts fall on both sides of it; generation
+    # crosses it), the attention factor derived from max / original positions (Phi-3.5-mini-like)
+    "phi3_longrope": ("Phi3Config", dict(pad_token_id=0, original_max_position_embeddings=32,
+                                         rope_parameters=_longrope(8))),
+    # and partial rotary: 12 of 16 dims rotated, a configured attention factor (Phi-4-mini-like)
+    "phi4_mini": ("Phi3Config", dict(pad_token_id=0, original_max_position_embeddings=32, partial_rotary_factor=0.75,
+                                     rope_parameters=_longrope(6, attention_factor=1.1))),
     # sinks, alternating sliding (window 8) / full layers, YaRN, attention and expert biases, the
     # clamped SwiGLU (a small limit so it clamps)
     "gpt_oss": ("GptOssConfig", dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,

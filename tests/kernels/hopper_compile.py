@@ -130,6 +130,9 @@ def sweep():
         attention_step(16, 16, 16, 8, 256, bf16, 16, softcap=value, window=4096)
     for num_tokens in (1, 2, 16, 17, 100, 1024, 2048):
         model_step(num_tokens)
+        # Phi-4-mini: 96 of each 128-dim head rotated, the rest copied through
+        q, k = torch.zeros(num_tokens, 24, 128, dtype=bf16), torch.zeros(num_tokens, 8, 128, dtype=bf16)
+        rotary.rotary(q, k, torch.zeros(num_tokens, dtype=torch.int64), torch.zeros(4096, 96, dtype=bf16))
 
 
 def main() -> int:

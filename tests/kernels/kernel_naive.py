@@ -54,13 +54,14 @@ def rms_norm(x, weight, eps, residual=None):
 
 
 def rotary(q, k, positions, cos_sin_cache):
-    half = cos_sin_cache.shape[1] // 2
+    half = cos_sin_cache.shape[1] // 2  # the rotation covers 2 * half dims; the rest pass through
     cos = cos_sin_cache[positions.long(), :half].float()[:, None, :]
     sin = cos_sin_cache[positions.long(), half:].float()[:, None, :]
 
     def rotate(x):
-        x1, x2 = x[..., :half].float(), x[..., half:].float()
-        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+        x1, x2 = x[..., :half].float(), x[..., half : 2 * half].float()
+        turned = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+        return torch.cat([turned, x[..., 2 * half :]], dim=-1)
 
     return rotate(q), rotate(k)
 

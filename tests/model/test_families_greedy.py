@@ -15,7 +15,19 @@ from bulkrun.engine.load import load_engine
 from bulkrun_kernels import cpu_build
 
 NEW_TOKENS = 64
-FAMILIES = ["gemma2", "gemma3", "qwen3_moe", "qwen2_moe", "mixtral", "phi3", "gpt_oss"]
+# phi3_longrope / phi4_mini: LongRoPE over a short context of 32: prompts on both sides of it, and
+# generation that crosses it (transformers' Phi-3 then recomputes every position on the long factors)
+FAMILIES = [
+    "gemma2",
+    "gemma3",
+    "qwen3_moe",
+    "qwen2_moe",
+    "mixtral",
+    "phi3",
+    "phi3_longrope",
+    "phi4_mini",
+    "gpt_oss",
+]
 
 
 def _prompts() -> list[list[int]]:

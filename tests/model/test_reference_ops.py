@@ -125,6 +125,20 @@ def test_rotary_matches_complex_rotation():
     torch.testing.assert_close(q_in_place, naive(q))
 
 
+def test_partial_rotary_rotates_the_leading_dims_only():
+    q, k, positions = torch.randn(3, 4, 16), torch.randn(3, 2, 16), torch.tensor([0, 5, 17])
+    inv_freq = 1.0 / (100.0 ** (torch.arange(0, 12, 2).float() / 12))
+    angles = torch.outer(torch.arange(32).float(), inv_freq)
+    cache = torch.cat((angles.cos(), angles.sin()), dim=-1)  # 12 of 16 dims
+    got_q, got_k = ref.rotary(q, k, positions, cache)
+    whole_q, whole_k = ref.rotary(q[..., :12].contiguous(), k[..., :12].contiguous(), positions, cache)
+    assert torch.equal(got_q[..., :12], whole_q) and torch.equal(got_k[..., :12], whole_k)
+    assert torch.equal(got_q[..., 12:], q[..., 12:]) and torch.equal(got_k[..., 12:], k[..., 12:])
+    q_out = torch.full_like(q, float("nan"))
+    ref.rotary(q, k, positions, cache, q_out=q_out)
+    assert torch.equal(q_out, got_q)
+
+
 def test_silu_and_mul():
     x = torch.randn(3, 10)
     torch.testing.assert_close(ref.silu_and_mul(x), torch.nn.functional.silu(x[:, :5]) * x[:, 5:])

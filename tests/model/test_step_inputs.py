@@ -46,6 +46,19 @@ def test_positions_slots_and_lengths_of_a_mixed_step():
     assert [r.request_id for r in inputs.sample_requests] == ["d", "f"] and inputs.score_spans == []
 
 
+def test_rotary_rows_of_requests_on_longrope_long_factors():
+    short = _req("s", range(100, 110), 9, [7, 2, 5])
+    long = _req("l", range(200, 240), 36, [3, 9, 1, 0, 8, 6, 4, 11, 12, 13])  # positions 36..38
+    long.long_rope = True
+    inputs = build_step_inputs([(short, 1, True), (long, 3, True)], BS, long_rope_after=32)
+    md = inputs.metadata
+    assert md.positions.tolist() == [9, 36, 37, 38]
+    assert md.rope_rows.tolist() == [9, 32 + 36, 32 + 37, 32 + 38]  # the long rows follow the 32 short ones
+    assert md.rotary_rows is md.rope_rows
+    plain = build_step_inputs([(short, 1, True)], BS).metadata  # a model without LongRoPE
+    assert plain.rope_rows is None and plain.rotary_rows is plain.positions
+
+
 def test_score_spans_cover_exactly_the_scored_positions_of_each_chunk():
     # prompt of 5 + continuation of 3: scores token_ids[5], [6], [7] from positions 4, 5, 6
     first = _req("s", range(10, 18), 0, [1, 2], score_start=5)

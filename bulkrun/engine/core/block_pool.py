@@ -1,7 +1,8 @@
 """Fixed pool of KV-cache blocks with reference counts and automatic prefix caching. No torch.
 
 A full block is identified by a hash chained with its predecessor's hash, so equal hashes mean
-equal token prefixes. Freed blocks that carry a hash stay cached (evictable, least recently
+equal token prefixes computed alike (a chain's root says how: LongRoPE's long factors give the same
+tokens other keys). Freed blocks that carry a hash stay cached (evictable, least recently
 freed first) until a free block is needed; blocks without a hash go back to the free list.
 
 Allocation prefers blocks already used once (plain freed ones, the most recently freed first, then
@@ -15,6 +16,8 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 _ROOT_HASH = 0x5EED  # parent hash of a sequence's first block
+# parent hash of the first block of a sequence whose KV is computed on LongRoPE's long factors
+LONG_ROPE_ROOT = hash((_ROOT_HASH, "long_rope"))
 
 
 def hash_block_tokens(parent_hash: int | None, tokens: Sequence[int]) -> int:
@@ -22,11 +25,12 @@ def hash_block_tokens(parent_hash: int | None, tokens: Sequence[int]) -> int:
 
 
 def extend_block_hashes(
-    hashes: list[int], token_ids: Sequence[int], num_blocks: int, block_size: int
+    hashes: list[int], token_ids: Sequence[int], num_blocks: int, block_size: int, root: int | None = None
 ) -> None:
-    """Grow `hashes` (chained hashes of token_ids' full blocks) to `num_blocks` entries."""
+    """Grow `hashes` (chained hashes of token_ids' full blocks) to `num_blocks` entries; `root`:
+    the first block's parent (None: the plain root)."""
     for i in range(len(hashes), num_blocks):
-        parent = hashes[i - 1] if i else None
+        parent = hashes[i - 1] if i else root
         hashes.append(hash_block_tokens(parent, token_ids[i * block_size : (i + 1) * block_size]))
 
 

@@ -50,6 +50,8 @@ class Engine:
             max_num_batched_tokens=self.limits.max_num_batched_tokens,
             max_model_len=self.max_model_len,
             eos_token_ids=runner.eos_token_ids,
+            # LongRoPE's short context (a runner whose model has one says so)
+            long_rope_after=getattr(runner, "long_rope_after", None),
         )
         async_scheduling = self.config.async_scheduling
         if async_scheduling is None:  # on where the device runs apart from the host

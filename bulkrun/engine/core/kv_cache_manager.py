@@ -9,8 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bulkrun.engine.core.block_pool import BlockPool, extend_block_hashes
+from bulkrun.engine.core.block_pool import LONG_ROPE_ROOT, BlockPool, extend_block_hashes
 from bulkrun.engine.core.request import Request
+
+
+def _hash_blocks(req: Request, num_blocks: int, block_size: int) -> None:
+    """Extend req's block hashes to num_blocks; a request on LongRoPE's long factors hashes on a
+    chain of its own, so its blocks and a short-factor request's never stand in for each other."""
+    root = LONG_ROPE_ROOT if req.long_rope else None
+    extend_block_hashes(req.block_hashes, req.token_ids, num_blocks, block_size, root)
 
 
 class KVCacheManager:
@@ -32,7 +39,7 @@ class KVCacheManager:
         start, stop = len(req.block_table), req.num_tokens_without_logits // self.block_size
         if stop <= start:
             return []
-        extend_block_hashes(req.block_hashes, req.token_ids, stop, self.block_size)
+        _hash_blocks(req, stop, self.block_size)
         return self.pool.lookup_prefix(req.block_hashes[start:stop])
 
     def num_blocks_needed(self, req: Request, num_new_tokens: int, hits: Sequence[int] = ()) -> int:
@@ -70,7 +77,7 @@ class KVCacheManager:
         full = min(num_computed, len(req.token_ids)) // self.block_size
         if full <= req.num_hashed_blocks or full > len(req.block_table):
             return
-        extend_block_hashes(req.block_hashes, req.token_ids, full, self.block_size)
+        _hash_blocks(req, full, self.block_size)
         table, hashes, cache = req.block_table, req.block_hashes, self.pool.cache_block
         for i in range(req.num_hashed_blocks, full):
             cache(table[i], hashes[i])

@@ -53,7 +53,12 @@ class Request:
     scoring: ScoringState | None = None  # a scoring parent's or child's state (engine.core.scoring)
     output_logprobs: list[float] = field(default_factory=list)
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+    admitted: bool = False  # set at its first admission (a preempted or requeued one is admitted again)
     num_preemptions: int = 0
+    # its KV is computed on LongRoPE's long factors (the model's long rotary rows): a generating
+    # request once it holds more than the model's long_rope_after tokens, a scoring or pooling one
+    # when the most positions it computes exceed it (scheduler); it only ever turns on
+    long_rope: bool = False
     finish_reason: str | None = None  # "stop" | "length" | "error" | "scored"
     error: str | None = None
     # Generating: tokens that end it (stop ids, and EOS unless ignored) and the length at which it

@@ -33,6 +33,7 @@ class RunningBatch:
         self.num_prompt = np.zeros(n, np.int64)
         self.compute_limit = np.full(n, -1, np.int64)  # -1: generates
         self.length_limit = np.full(n, _NEVER, np.int64)
+        self.long_rope = np.zeros(n, bool)  # Request.long_rope (set while it waits, never while it runs)
         self.next_hash_end = np.full(n, _NEVER, np.int64)  # end of the next block to offer the cache
         self.scheduled_in_step = np.full(n, -1, np.int64)
         self.epoch = np.zeros(n, np.int64)  # bumped when a slot changes owner: stale results are void
@@ -60,6 +61,7 @@ class RunningBatch:
         self.num_prompt[slot] = req.num_prompt_tokens
         self.compute_limit[slot] = -1 if req.compute_limit is None else req.compute_limit
         self.length_limit[slot] = req.length_limit if req.generates else _NEVER
+        self.long_rope[slot] = req.long_rope
         self.num_blocks[slot] = 0
         self.refresh(req)
 

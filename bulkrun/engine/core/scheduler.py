@@ -101,6 +101,11 @@ class Scheduler:
     A scheduled chunk advances the request's num_computed_tokens at once (and marks its sampled
     token pending), so the next step can be scheduled before this one's results land (async
     scheduling); results for a request preempted or finished in between are dropped.
+
+    LongRoPE (long_rope_after = N): as transformers' Phi-3, a sequence of at most N tokens runs on
+    the short factors and a longer one on the long factors at every position. A generating request
+    that grows past N gives its blocks back and recomputes from the front of the waiting queue on
+    the long ones; its prefix-cache chain is the long factors' own (kv_cache_manager).
     """
 
     def __init__(
@@ -111,6 +116,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         eos_token_ids: Iterable[int] = (),
+        long_rope_after: int | None = None,
     ):
         self.pool = pool
         self.kv = KVCacheManager(pool)
@@ -122,6 +128,7 @@ class Scheduler:
         # A sequence can never hold more tokens than the context or the whole cache allow.
         self.max_seq_len = min(max_model_len, pool.num_blocks * pool.block_size)
         self.eos_token_ids = frozenset(eos_token_ids)
+        self.long_rope_after = long_rope_after
         self._stop_ids: set[int] = set(self.eos_token_ids)  # every running request's stop ids, and more
         self._stop_id_array = np.array(sorted(self._stop_ids), np.int64)
         self.waiting: deque[Request] = deque()
@@ -159,6 +166,11 @@ class Scheduler:
             # computes its prompt and stops there, as a scoring parent does: the same row bookkeeping
             request.kind, request.pooling = RequestKind.POOL, req.pooling
             request.scoring = scoring.ScoringState(compute_limit=len(prompt))
+        if self.long_rope_after is not None and not request.generates:
+            # one set of factors for the whole scoring family: the long ones if any of it outgrows N
+            request.long_rope = self._positions(request, req.continuations) > self.long_rope_after
+            for child in scoring.children_of(request):
+                child.long_rope = request.long_rope
         problem = self._never_fits(request, req.continuations)
         if problem is not None:
             self._failed.append((request, problem))
@@ -175,13 +187,16 @@ class Scheduler:
         self._live_ids.add(request_id)
         return request_id
 
+    @staticmethod
+    def _positions(req: Request, continuations: list[list[int]] | None) -> int:
+        """The most positions the request (with its scoring children) computes."""
+        if continuations is None:
+            return req.num_prompt_tokens
+        return scoring.positions_needed(req.num_prompt_tokens, continuations)
+
     def _never_fits(self, req: Request, continuations: list[list[int]] | None) -> str | None:
-        if continuations is not None:
-            n = scoring.positions_needed(req.num_prompt_tokens, continuations)
-            what = "prompt + longest continuation"
-        else:
-            n = req.num_prompt_tokens
-            what = "prompt"
+        n = self._positions(req, continuations)
+        what = "prompt" if continuations is None else "prompt + longest continuation"
         if n > self.max_model_len:
             return f"{what} needs {n} positions; the model's context is {self.max_model_len} tokens"
         if n > self.max_seq_len:
@@ -215,6 +230,8 @@ class Scheduler:
         self._failed, self._released_ids = [], []
         for req, why in out.failed:
             self._finish(req, "error", error=why)
+        if self.long_rope_after is not None and self.running:
+            self._requeue_outgrowing_short_rope()
         budget = self.max_num_batched_tokens
         chunks = self._schedule_decodes(out) if self.running else []
         budget -= len(out.requests)
@@ -247,6 +264,8 @@ class Scheduler:
         remaining = np.where(generating, known, batch.compute_limit[rs]) - computed
         # a generating request whose last token is in flight finishes when that lands
         open_ = ~generating | (known < batch.length_limit[rs])
+        if self.long_rope_after is not None:  # past N only on the long factors: it waits to be requeued
+            open_ &= batch.long_rope[rs] | (computed < self.long_rope_after)
         pos = np.flatnonzero((remaining == 1) & open_)
         visited = len(running)
         budget = self.max_num_batched_tokens
@@ -318,18 +337,33 @@ class Scheduler:
         return True
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        self._requeue(req)
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        out.preempted.append(req)
+
+    def _requeue(self, req: Request) -> None:
+        """req gives its blocks back and waits at the front of the queue to recompute."""
         if self.kv.caching:  # its generated blocks, so its recompute finds them (refresh_hashed)
             self.kv.cache_full_blocks(req)
         self.kv.free(req)
         req.status = RequestStatus.WAITING
-        req.num_preemptions += 1
         req.num_pending_tokens = 0  # a token in flight is dropped and sampled again on recompute
         scoring.forget_results(req)
         self.batch.remove(req)
         self.waiting.appendleft(req)
-        self.num_preemptions += 1
-        out.preempted.append(req)
         self._released_ids.append(req.request_id)
+
+    def _requeue_outgrowing_short_rope(self) -> None:
+        """Generating requests on the short factors whose next position is N (they hold N + 1
+        tokens) recompute everything on the long ones, as transformers' Phi-3 drops its cache
+        there; one whose token at N is still in flight waits a step for it (_schedule_decodes)."""
+        batch, n = self.batch, self.long_rope_after
+        rs = np.fromiter(map(_slot, self.running), np.int64, len(self.running))
+        due = ~batch.long_rope[rs] & (batch.computed[rs] >= n) & (batch.compute_limit[rs] < 0)
+        due &= (batch.pending[rs] == 0) & (batch.num_tokens[rs] < batch.length_limit[rs])
+        for i in np.flatnonzero(due)[::-1].tolist():  # requeued last first: they wait in running order
+            self._requeue(self.running.pop(i))
 
     def _reclaim_from_waiting(self) -> bool:
         """Free blocks held by waiting requests (forked scoring children): the last resort when
@@ -347,6 +381,8 @@ class Scheduler:
         bs = self.block_size
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
+            if self.long_rope_after is not None and not req.long_rope and req.generates:
+                self._choose_rope(req)
             hits = self.kv.get_computed_blocks(req)  # stop short of a row whose logits are needed
             hit_tokens = len(hits) * bs
             n = min(req.num_remaining_tokens - hit_tokens, budget)
@@ -358,14 +394,22 @@ class Scheduler:
                 continue
             self.waiting.popleft()
             if hit_tokens:
-                if req.num_preemptions == 0:
+                if not req.admitted:
                     req.num_cached_tokens = hit_tokens
                 out.num_prefix_hit_tokens += hit_tokens
                 self.num_prefix_hit_tokens += hit_tokens
+            req.admitted = True
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             self.batch.add(req)
             budget -= self._schedule(req, n, out)
+
+    def _choose_rope(self, req: Request) -> None:
+        """A generating request holding more than N tokens computes on the long factors; the hashes
+        of its blocks (short ones, if it ran before) start again on the long chain."""
+        if req.num_tokens > self.long_rope_after:
+            req.long_rope = True
+            req.block_hashes = []
 
     def _fork(self, parent: Request) -> None:
         """The parent's full blocks now hold the prompt prefix: hand them to the children (by

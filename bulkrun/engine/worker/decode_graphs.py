@@ -105,6 +105,8 @@ class DecodeGraphs:
         n, device = self.sizes[-1], runner.device
         self.input_ids = torch.zeros(n, dtype=torch.long, device=device)
         self.positions = torch.zeros(n, dtype=torch.long, device=device)
+        long_rope = runner.builder.long_rope_after is not None  # rotary rows apart from the positions
+        self.rope_rows = torch.zeros(n, dtype=torch.long, device=device) if long_rope else None
         self.slot_mapping = torch.zeros(n, dtype=torch.long, device=device)
         self.width = min(runner.max_blocks_per_seq, max(1, graph_context_tokens() // runner.block_size))
         self.block_tables = torch.zeros(n, self.width, dtype=torch.int32, device=device)
@@ -164,6 +166,8 @@ class DecodeGraphs:
             return None
         self.input_ids[:n].copy_(inputs.input_ids, non_blocking=True)
         self.positions[:n].copy_(md.positions, non_blocking=True)
+        if self.rope_rows is not None:
+            self.rope_rows[:n].copy_(md.rope_rows, non_blocking=True)
         self.slot_mapping[:n].copy_(md.slot_mapping, non_blocking=True)
         self.block_tables[:n, :width].copy_(md.block_tables, non_blocking=True)
         self.seq_lens[:n].copy_(md.seq_lens, non_blocking=True)
@@ -185,6 +189,8 @@ class DecodeGraphs:
         block = self.runner.padding_block
         self.input_ids[n:size] = 0
         self.positions[n:size] = 0
+        if self.rope_rows is not None:
+            self.rope_rows[n:size] = 0
         self.slot_mapping[n:size] = block * self.runner.block_size
         self.block_tables[n:size, 0] = block
         self.seq_lens[n:size] = 1
@@ -197,6 +203,7 @@ class DecodeGraphs:
             block_tables=self.block_tables[:size],
             query_start_loc=self.query_start_loc[: size + 1],
             seq_lens=self.seq_lens[:size],
+            rope_rows=None if self.rope_rows is None else self.rope_rows[:size],
         )
         if runner.ops.backend == "reference":  # CPU only: the plan is host data, never captured
             md.plan = plan_attention(

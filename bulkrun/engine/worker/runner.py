@@ -57,7 +57,8 @@ class ModelRunner:
         if self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.block_size = config.block_size
-        self.builder = StepBuilder(self.block_size)
+        self.long_rope_after = cfg.long_rope_after  # LongRoPE's short context: the scheduler's switch
+        self.builder = StepBuilder(self.block_size, self.long_rope_after)
         self.staging = Staging(self.device)  # every host <-> device crossing of a step
         # top-p candidates widened on the host only where host and device are one (the CPU)
         self.sampler = Sampler(staging=self.staging, widen_on_host=self.device.type == "cpu")
@@ -219,6 +220,8 @@ class ModelRunner:
         stage = self.staging.to_device
         for name in ("positions", "slot_mapping", "block_tables", "query_start_loc", "seq_lens"):
             setattr(md, name, stage(getattr(md, name)))
+        if md.rope_rows is not None:
+            md.rope_rows = stage(md.rope_rows)
         inputs.input_ids = stage(inputs.input_ids)
         inputs.logits_indices = stage(inputs.logits_indices)
         if self.ops.backend == "reference":  # host data: the plan reads it without a device sync

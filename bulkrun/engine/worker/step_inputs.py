@@ -66,10 +66,14 @@ class StepInputs:
 
 class StepBuilder:
     """Builds each step's inputs from the scheduler's RunningBatch: its block tables and newest
-    tokens are there already, so a steady decode step runs no Python per row."""
+    tokens are there already, so a steady decode step runs no Python per row.
 
-    def __init__(self, block_size: int):
+    long_rope_after (LongRoPE's short context N, None for other models): a request on the long
+    factors rotates by row N + position of the model's rotary table (DecoderLM.init_rotary)."""
+
+    def __init__(self, block_size: int, long_rope_after: int | None = None):
         self.block_size = block_size
+        self.long_rope_after = long_rope_after
 
     def build(self, sched: SchedulerOutput, pending: Mapping[str, int]) -> StepInputs:
         """Host (CPU) tensors of the step. `pending`: request id -> the row, among the previous
@@ -153,6 +157,9 @@ class StepBuilder:
             positions = np.arange(total) - (ends - size_np - start_np)[seq_index]
             seq_rows = rows_np[seq_index]
         slots = tables[seq_rows, positions // bs].astype(np.int64) * bs + positions % bs
+        rope_rows = None
+        if self.long_rope_after is not None:
+            rope_rows = torch.from_numpy(positions + self.long_rope_after * sched.batch.long_rope[seq_rows])
         query_start_loc = np.zeros(num_rows + 1, dtype=np.int32)
         query_start_loc[1:] = ends
         sample_mask = sched.array("samples")
@@ -170,6 +177,7 @@ class StepBuilder:
             block_tables=torch.from_numpy(tables[rows_np, :width]),
             query_start_loc=torch.from_numpy(query_start_loc),
             seq_lens=torch.from_numpy((start_np + size_np).astype(np.int32)),
+            rope_rows=rope_rows,
         )
         return StepInputs(
             input_ids=torch.from_numpy(np.asarray(ids, dtype=np.int64)),
@@ -186,9 +194,11 @@ class StepBuilder:
         )
 
 
-def build_step_inputs(rows: list[tuple[Request, int, bool]], block_size: int) -> StepInputs:
+def build_step_inputs(
+    rows: list[tuple[Request, int, bool]], block_size: int, long_rope_after: int | None = None
+) -> StepInputs:
     """One step's inputs built by hand (tests) from (request, num_tokens, sample) rows: CPU tensors."""
-    return StepBuilder(block_size).build(SchedulerOutput(rows), pending={})
+    return StepBuilder(block_size, long_rope_after).build(SchedulerOutput(rows), pending={})
 
 
 @contextmanager
