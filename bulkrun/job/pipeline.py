@@ -20,7 +20,7 @@ from bulkrun.job.constraints import compile_job_constraint, job_constraint
 from bulkrun.job.feed import Feed, IdRegistry, PromptBuilder
 from bulkrun.job.resume import RowSet
 from bulkrun.tasks.base import Task, TaskContext
-from bulkrun.tasks.reasoning import thinks
+from bulkrun.tasks.reasoning import reasoning_format
 
 ID_COLUMNS = ("id", "custom_id")  # taken as the id when --id-field is not given, in this order
 
@@ -63,7 +63,7 @@ def task_context(spec, model, compile_constraints: bool = True) -> TaskContext:
         constraint=constraint,
         schema_field=spec.schema_field,
         compile=compile_job_constraint(spec, constraint, model) if compile_constraints else None,
-        reasoning=thinks(tokenizer),
+        reasoning=reasoning_format(tokenizer),
         embedding_profile=getattr(model, "embedding_profile", None),
     )
 

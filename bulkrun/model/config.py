@@ -3,9 +3,10 @@
 Supported: Llama (incl. SmolLM2), Mistral, Qwen2 (q/k/v bias), Qwen3 (per-head q/k RMSNorm), Phi-3
 (fused qkv / gate_up weights, a window on every layer, LongRoPE and partial rotary: Phi-3-128k,
 Phi-3.5, Phi-4-mini); Gemma 2 and Gemma 3 (text; per-layer sliding windows, two RoPE bases, GeGLU,
-soft-capping); the MoE families in moe_config.py. Tied or untied embeddings; rope types default,
-linear, llama3, yarn, and longrope (Phi-3 only). Anything else is refused with a message that names
-what was found, before any weight is read.
+soft-capping); the MoE families in moe_config.py (gpt-oss also with MXFP4 experts, de-quantized on
+load: mxfp4.py). Tied or untied embeddings; rope types default, linear, llama3, yarn, and longrope
+(Phi-3 only). Anything else is refused with a message that names what was found, before any weight
+is read.
 
 LongRoPE has two sets of inverse frequencies. transformers' Phi-3 runs a sequence of at most
 original_max_position_embeddings (N) tokens on the short factors, and once it grows past N drops its
@@ -84,6 +85,7 @@ class ModelConfig:
     attn_sinks: bool = False  # a learned sink logit per head in every attention softmax (gpt-oss)
     # the rotation covers each head's first head_dim * this dims, the rest pass through (Phi-4-mini)
     partial_rotary_factor: float = 1.0
+    quantization: str | None = None  # "mxfp4": gpt-oss's packed experts, de-quantized on load (mxfp4.py)
 
     def window(self, layer: int) -> int:
         return self.layer_windows[layer] if self.layer_windows else 0
@@ -113,6 +115,7 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, cfg: dict, extra_eos_token_ids=None) -> ModelConfig:
         model_type = _check_architecture(cfg)
+        quantization = _quantization(cfg, model_type)
         if model_type == "gemma3":  # the text model of the multimodal checkpoint
             cfg = {"eos_token_id": cfg.get("eos_token_id"), **cfg["text_config"], "model_type": "gemma3_text"}
             model_type = "gemma3_text"
@@ -141,12 +144,6 @@ class ModelConfig:
 
             family = moe_fields(cfg, model_type)
         if model_type == "gpt_oss":
-            if cfg.get("quantization_config"):
-                method = cfg["quantization_config"].get("quant_method", "?")
-                raise UnsupportedModelError(
-                    f"unsupported quantization_config {method!r} (MXFP4 experts are not de-quantized on "
-                    "load; give a de-quantized checkpoint)"
-                )
             family |= {"layer_windows": _layer_windows(cfg, 2, model_type), "attn_sinks": True}
         if model_type == "phi3" and cfg.get("sliding_window"):  # every layer slides (transformers' Phi-3)
             family = {"layer_windows": (int(cfg["sliding_window"]),) * cfg["num_hidden_layers"]}
@@ -173,6 +170,7 @@ class ModelConfig:
             qk_norm=model_type in ("qwen3", "gemma3_text", "qwen3_moe"),
             eos_token_ids=tuple(sorted(_ids(cfg.get("eos_token_id")) | _ids(extra_eos_token_ids))),
             hidden_act=_ACTIVATIONS[act],
+            quantization=quantization,
             **family,
             partial_rotary_factor=partial,
         )
@@ -224,6 +222,25 @@ def _check_architecture(cfg: dict) -> str:
             f"unsupported architectures {architectures} for model type {model_type!r}; expected {expected[0]}"
         )
     return model_type
+
+
+def _quantization(cfg: dict, model_type: str) -> str | None:
+    """The checkpoint's quantization, which the loader de-quantizes: only gpt-oss's MXFP4 experts."""
+    quant = cfg.get("quantization_config")
+    if not quant:
+        return None
+    method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
+    if method != "mxfp4":
+        raise UnsupportedModelError(
+            f"unsupported quantization_config {method!r}: bulkrun de-quantizes only gpt-oss's MXFP4 "
+            "experts; give a de-quantized checkpoint"
+        )
+    if model_type != "gpt_oss":
+        raise UnsupportedModelError(
+            f"unsupported quantization_config 'mxfp4' on model type {model_type!r}: bulkrun "
+            "de-quantizes MXFP4 only for gpt-oss's experts"
+        )
+    return method
 
 
 def _rope(cfg: dict, params: dict | None = None, default_theta: float = 10000.0) -> tuple[float, dict | None]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from bulkrun.model import weight_cache
+from bulkrun.model import mxfp4, weight_cache
 from bulkrun.model.config import ModelConfig
 from bulkrun.model.decoder import DecoderLM
 from bulkrun.model.gemma import GemmaForCausalLM
@@ -118,6 +118,8 @@ def _fill_from_cache(model: DecoderLM, path: Path, dtype: torch.dtype, device: t
 def _fill_from_checkpoint(model, model_dir: Path, cfg: ModelConfig, dtype, device) -> None:
     """Fill every parameter from the safetensors files (fusing, casting); refuse missing or extra weights."""
     tensors = _with_model_prefix(_open_checkpoint(model_dir))
+    if cfg.quantization == "mxfp4":  # packed experts: each loads de-quantized, one at a time
+        tensors = mxfp4.dequantizing(tensors, dtype)
     used: set[str] = set()
     for name, param in model.named_parameters():
         sources = _sources(name, cfg)

@@ -48,7 +48,8 @@ class TaskContext:
     constraint: Any = None
     schema_field: str | None = None
     compile: Any = None
-    reasoning: bool = False  # the model thinks before answering (tasks/reasoning.py): a reasoning column
+    # how the model's outputs split into reasoning and answer (tasks/reasoning.py); None: it does not reason
+    reasoning: Any = None
     # the model directory's sentence-transformers profile (model/sentence_transformers_config.py):
     # pooling, normalize, max length, prompts; what embed starts from
     embedding_profile: Any = None
@@ -188,21 +189,19 @@ def sample_seed(job_seed: int | None, item_id: str, sample: int) -> int | None:
     return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
-def generation_columns(outputs: list[RequestOutput], n: int, *, as_lists: bool = False,
-                       reasoning_tokenizer=None) -> dict:  # fmt: skip
+def generation_columns(
+    outputs: list[RequestOutput], n: int, *, as_lists: bool = False, reasoning=None
+) -> dict:
     """text / finish_reason / token counts; scalars for one sample, lists (per sample) for --n > 1
-    or when `as_lists` (a column's type must not change from row to row). With a thinking model's
-    tokenizer as `reasoning_tokenizer`, also `reasoning`, and `text` holds only the answer."""
+    or when `as_lists` (a column's type must not change from row to row). With a reasoning model's
+    format (TaskContext.reasoning), also `reasoning`, and `text` holds only the answer."""
     texts = [o.text for o in outputs]
     reasons = [o.finish_reason for o in outputs]
     generated = [len(o.output_token_ids) for o in outputs]
     prompt_tokens = len(outputs[0].prompt_token_ids) if outputs else 0
     columns = {"text": texts, "finish_reason": reasons}
-    if reasoning_tokenizer is not None:
-        from bulkrun.tasks.reasoning import prompt_opens_thinking, split_reasoning
-
-        opened = bool(outputs) and prompt_opens_thinking(reasoning_tokenizer, outputs[0].prompt_token_ids)
-        split = [split_reasoning(t or "", r, opened) for t, r in zip(texts, reasons, strict=True)]
+    if reasoning is not None:
+        split = reasoning.split(outputs)
         columns = {"text": [s[1] for s in split], "reasoning": [s[0] for s in split],
                    "finish_reason": [s[2] for s in split]}  # fmt: skip
     single = n == 1 and not as_lists

@@ -52,8 +52,7 @@ class GenerateTask(Task):
 
     def result(self, item: Item, outputs: list[RequestOutput]) -> dict:
         openai = is_openai_line(item.fields)
-        thinking = self.ctx.tokenizer if self.ctx.reasoning else None
-        columns = generation_columns(outputs, self.ctx.n, as_lists=openai, reasoning_tokenizer=thinking)
+        columns = generation_columns(outputs, self.ctx.n, as_lists=openai, reasoning=self.ctx.reasoning)
         as_list = openai or self.ctx.n > 1
         spec = row_constraint(self.ctx, item)
         columns |= output_columns(spec, outputs, has_json_column(self.ctx, item), as_list)

@@ -1,7 +1,8 @@
 """Tiny random-weight models the real engine runs in seconds, the one place tests build them:
 - make_tiny_model: a Llama with a byte-level tokenizer (every text encodes) and a chat template, for
   the job, CLI, distributed and task tests (with ENGINE_FLAGS, small engine settings);
-- make_model_for_tokenizer: a Llama with a real tokenizer's vocabulary;
+- make_model_for_tokenizer: a Llama with a real tokenizer's vocabulary (or build_harmony_tokenizer's:
+  gpt-oss's harmony markers as special tokens);
 - build_tiny_model(kind): one checkpoint per supported model family (KINDS) with a word tokenizer,
   for the model tests that compare with transformers."""
 
@@ -21,22 +22,37 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer():
+# gpt-oss's harmony format: its markers are special tokens, <|return|> ends the answer
+HARMONY_SPECIALS = ["<|start|>", "<|channel|>", "<|constrain|>", "<|message|>", "<|end|>", "<|return|>",
+                    "<|call|>", "<|endoftext|>"]  # fmt: skip
+HARMONY_TEMPLATE = (
+    "{% for m in messages %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start|>assistant{% endif %}"
+)
+
+
+def build_tokenizer(specials=SPECIALS, eos="<|end|>", pad="<|end|>", chat_template=CHAT_TEMPLATE):
     """A byte-level BPE tokenizer with no merges: every text encodes, decoding round-trips."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
-    for name in SPECIALS:
+    for name in specials:
         vocab[name] = len(vocab)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(SPECIALS)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|end|>", pad_token="<|end|>")
-    fast.chat_template = CHAT_TEMPLATE
+    tok.add_special_tokens(specials)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token=pad)
+    fast.chat_template = chat_template
     return fast
+
+
+def build_harmony_tokenizer():
+    """The byte-level tokenizer with gpt-oss's harmony markers and a template that ends in
+    `<|start|>assistant`, as gpt-oss's does."""
+    return build_tokenizer(HARMONY_SPECIALS, "<|return|>", "<|endoftext|>", HARMONY_TEMPLATE)
 
 
 def make_tiny_model(directory: Path, max_positions: int = 512, seed: int = 0, **shape) -> Path:

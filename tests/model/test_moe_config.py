@@ -3,6 +3,8 @@ them; what we refuse, named."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -76,6 +78,25 @@ def test_gpt_oss_yarn_frequencies_equal_transformers():
     assert torch.equal(cfg.inv_freq(), want) and cfg.rope_attention_scaling() == factor
 
 
-def test_mxfp4_gpt_oss_is_refused():
-    with pytest.raises(UnsupportedModelError, match="MXFP4"):
-        ModelConfig.from_hf_dict(GPT_OSS | {"quantization_config": {"quant_method": "mxfp4"}})
+def test_mxfp4_is_read_for_gpt_oss_and_refused_elsewhere():
+    mxfp4 = {"quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["lm_head"]}}
+    assert ModelConfig.from_hf_dict(GPT_OSS | mxfp4).quantization == "mxfp4"
+    assert ModelConfig.from_hf_dict(GPT_OSS).quantization is None
+    with pytest.raises(UnsupportedModelError, match="'mxfp4' on model type 'mixtral'"):
+        ModelConfig.from_hf_dict(BASE | dict(model_type="mixtral") | mxfp4)
+    for method in ("fp8", "bitsandbytes", "gptq"):
+        with pytest.raises(UnsupportedModelError, match=f"unsupported quantization_config '{method}'"):
+            ModelConfig.from_hf_dict(GPT_OSS | {"quantization_config": {"quant_method": method}})
+        with pytest.raises(UnsupportedModelError, match=method):
+            ModelConfig.from_hf_dict(
+                BASE | dict(model_type="llama", quantization_config={"quant_method": method})
+            )
+
+
+def test_gpt_oss_stops_on_return_and_call(tmp_path):
+    """gpt-oss-20b's config says <|return|> (200002); its generation_config adds <|endoftext|> and <|call|>."""
+    (tmp_path / "config.json").write_text(
+        json.dumps(GPT_OSS | {"vocab_size": 201088, "eos_token_id": 200002})
+    )
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [200002, 199999, 200012]}))
+    assert ModelConfig.from_model_dir(tmp_path).eos_token_ids == (199999, 200002, 200012)

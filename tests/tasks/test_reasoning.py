@@ -9,7 +9,7 @@ from helpers.models import make_model_for_tokenizer
 from helpers.rows import read_jsonl, write_jsonl
 
 from bulkrun.cli import main
-from bulkrun.tasks.reasoning import LENGTH_IN_REASONING, split_reasoning
+from bulkrun.tasks.reasoning import LENGTH_IN_REASONING, split_think
 
 ENGINE_FLAGS = ["--dtype", "float32", "--kv-cache-bytes", "16MiB", "--max-num-seqs", "4",
                 "--max-num-batched-tokens", "256", "--quiet"]  # fmt: skip
@@ -31,8 +31,8 @@ TEMPLATE = (
         ("a</think>b</think>c", "stop", False, ("a", "b</think>c", "stop")),  # the first close ends it
     ],
 )
-def test_split_reasoning(text, finish, opened, want):
-    assert split_reasoning(text, finish, opened) == want
+def test_split_think(text, finish, opened, want):
+    assert split_think(text, finish, opened) == want
 
 
 @pytest.fixture(scope="module")
