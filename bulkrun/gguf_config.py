@@ -22,6 +22,8 @@ _DROPPED_KEYS = {
     "final_logit_softcapping": "final_logit_softcapping",
     "sliding_window": "attention.sliding_window",
 }
+# RoPE scaling stored as tensors: LongRoPE's factors (Phi-3) and Llama 3's (rope_freqs)
+_ROPE_FACTOR_TENSORS = {"rope_factors_long.weight", "rope_freqs.weight"}
 # llama.cpp scales Gemma's queries by head_dim ** -0.5, except in the 27B models (which it tells
 # apart by their layer count): (hidden / heads) ** -0.5. The file states no scale; its reader decides.
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
@@ -50,9 +52,11 @@ def refusal(metadata: dict, tensor_names: set[str]) -> str | None:
             "experts; use the Hugging Face checkpoint (de-quantized)"
         )
     scaling = metadata.get(f"{arch}.rope.scaling.type")
-    if scaling not in (None, "none", "linear") or "rope_factors_long.weight" in tensor_names:
+    if tensor_names & _ROPE_FACTOR_TENSORS:
+        scaling = "per-frequency factors"
+    if scaling not in (None, "none", "linear"):
         return (
-            f"RoPE scaling {scaling!r} in a GGUF ({arch}): transformers' GGUF reader drops it; use the "
+            f"RoPE scaling ({scaling}) in a GGUF ({arch}): transformers' GGUF reader drops it; use the "
             "Hugging Face checkpoint"
         )
     return None

@@ -63,8 +63,9 @@ def test_moe_widths_and_phi3_window_and_partial_rotary_come_from_the_file():
     [
         ({"general.architecture": "llama", "llama.expert_count": 8}, set(), "Mixtral-style"),
         ({"general.architecture": "gpt-oss"}, set(), "gpt-oss"),
-        ({"general.architecture": "qwen2", "qwen2.rope.scaling.type": "yarn"}, set(), "'yarn'"),
-        ({"general.architecture": "phi3"}, {"rope_factors_long.weight"}, "RoPE scaling"),
+        ({"general.architecture": "qwen2", "qwen2.rope.scaling.type": "yarn"}, set(), "(yarn)"),
+        ({"general.architecture": "phi3"}, {"rope_factors_long.weight"}, "per-frequency"),
+        ({"general.architecture": "llama"}, {"rope_freqs.weight"}, "per-frequency"),  # Llama 3.1
     ],
 )
 def test_files_the_reader_would_misread_are_refused(metadata, tensors, reason):
