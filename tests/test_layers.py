@@ -18,6 +18,7 @@ LAYERS = [
     "bulkrun.tasks",
     "bulkrun.io",
     "bulkrun.model_source",  # resolving a model reference: the job layer's, never the engine's
+    "bulkrun.gguf_config",  # completing what transformers reads of a GGUF: model_source's conversion
     "bulkrun.engine",
     "bulkrun.model",
     "bulkrun_kernels",
