@@ -166,7 +166,7 @@ def build_tiny_model(
     tokenizer = build_tokenizer() if text_tokenizer else None
     if tokenizer is not None:
         ids = dict(vocab_size=len(tokenizer), bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
-                   pad_token_id=tokenizer.pad_token_id, max_position_embeddings=512)  # fmt: skip
+                   pad_token_id=tokenizer.pad_token_id)  # fmt: skip
         config_overrides = {**ids, **config_overrides}
     config = getattr(transformers, config_class)(**{**_COMMON, **settings, **config_overrides})
     model = transformers.AutoModelForCausalLM.from_config(

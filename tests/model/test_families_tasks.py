@@ -38,7 +38,7 @@ TEXTS = ["I was charged twice.", "The app crashes whenever I upload a photo."]
 CHOICE_ROWS = [row for row in ROWS[:5] if row["question"]]  # the rows lm-eval and bulkrun both score
 CONSTRAINED = ("enums", "regex", "choice")  # outputs of bounded length: a random model stops in time
 MAX_TOKENS = 48
-MAX_MODEL_LEN = 512
+MAX_MODEL_LEN = 256  # the families' context
 
 
 @dataclass
