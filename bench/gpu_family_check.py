@@ -114,13 +114,17 @@ def _median_ms(fn, inputs, device: str, repeats: int) -> float:
 
 def check_fp32_greedy(args, stage: Stage, model_dir: Path, config) -> None:
     """Prompts from just past the window to four windows (full-attention families: 512 stands in)."""
+    import transformers
+
     window = getattr(config, "sliding_window", None) or 512
     prompts = make_prompts(4, window + window // 4, 4 * window, config.vocab_size, seed=5)
     max_tokens = 6 if args.tiny else 24
     engine = engine_config(args, dtype="float32", kernels="auto", max_num_seqs=16)
     outputs, seconds = generate(model_dir, engine, prompts, max_tokens)
-    # transformers' MoE layers default to grouped GEMMs that fp32 may not have on the device
-    hf_options = {"experts_implementation": "eager"} if "moe" in args.shape else {}
+    # transformers 5's MoE layers default to grouped GEMMs that fp32 may not have on the device (4.x
+    # loops over the experts, and would pass the unknown keyword on to the model)
+    moe = "moe" in args.shape and int(transformers.__version__.split(".")[0]) >= 5
+    hf_options = {"experts_implementation": "eager"} if moe else {}
     verdict = judge(model_dir, prompts, {"engine fp32": outputs}, args, **hf_options)["engine fp32"]
     figures = {"prompt_lengths": [len(p) for p in prompts], "window": window, "seconds": seconds, **verdict}
     line = f"fp32 greedy {verdict['exact']}/{verdict['tokens']} tokens the fp32 argmax, {verdict['beyond_tie']} beyond a tie"
