@@ -1,7 +1,9 @@
 """The tasks beyond free generation on every family beyond Llama, through the whole engine (fp32, on
 the reference and on the CPU native kernels), against transformers' fp32 forward:
-- label scoring (classify): each label's log-probability, summed over its several tokens, equals the
-  log-softmax sum of transformers' forward over prompt + label, and the task picks the same label;
+- label scoring (classify, calibrated as by default): each label's log-probability, summed over its
+  several tokens, equals the log-softmax sum of transformers' forward over prompt + label, for the
+  items and the content-free prompts, and the task's calibrated and raw labels and probabilities are
+  those it gives on transformers' scores;
 - multiple choice: the log-likelihoods, the chosen option, acc and acc_norm are those of
   lm-evaluation-harness's recipe with transformers;
 - constrained decoding: a JSON schema, a regex and a choice list give valid outputs whose tokens are
@@ -20,6 +22,7 @@ from helpers.multiple_choice import ROWS, hf_choice_loglikelihoods, hf_loglikeli
 from helpers.tasks import chat_prompt_ids
 
 from bulkrun.engine.core.config import EngineConfig
+from bulkrun.engine.core.outputs import RequestOutput
 from bulkrun.engine.core.params import EngineRequest, SamplingParams
 from bulkrun.engine.load import load_engine
 from bulkrun.engine.structured_output.grammar import GrammarCache, GrammarTokenizer
@@ -48,7 +51,7 @@ class Family:
     folder: Path
     hf: object
     tokenizer: object
-    labels: list[EngineRequest] = field(default_factory=list)
+    labels: list[EngineRequest] = field(default_factory=list)  # the content-free prompts', then TEXTS'
     label_refs: list[list[float]] = field(default_factory=list)  # per request, per label: the sum
     choice_refs: list[list[float]] = field(default_factory=list)  # per CHOICE_ROWS row, per choice
     masked_greedy: dict[str, list[int]] = field(default_factory=dict)  # per constraint
@@ -60,17 +63,27 @@ def bound(task, tokenizer):
 
 
 def classify_task(tokenizer) -> ClassifyTask:
-    return bound(ClassifyTask(LABELS, instruction="Pick a label.", calibrate="none"), tokenizer)
+    return bound(ClassifyTask(LABELS, instruction="Pick a label."), tokenizer)
 
 
 def label_requests(tokenizer) -> list[EngineRequest]:
-    task, requests = classify_task(tokenizer), []
-    for number, text in enumerate(TEXTS):
-        item = Item(number, str(number), {"text": text})
-        (request,) = task.requests(item, chat_prompt_ids(tokenizer, task.render(item)))
+    """As the job layer makes them: the content-free prompts' (calibration) first, then the items'."""
+    task = classify_task(tokenizer)
+    items = [Item(number, str(number), {"text": text}) for number, text in enumerate(TEXTS)]
+    prompts = task.content_free_prompts() + [task.render(item) for item in items]
+    requests = []
+    for number, prompt in enumerate(prompts):
+        (request,) = task.requests(Item(number, str(number), {}), chat_prompt_ids(tokenizer, prompt))
         request.request_id = str(number)
         requests.append(request)
     return requests
+
+
+def label_columns(task: ClassifyTask, outputs) -> list[dict]:
+    """The items' columns, calibrated on the content-free prompts' outputs."""
+    content_free = len(task.content_free_inputs)
+    task.set_content_free(outputs[:content_free])
+    return [task.label_columns(out) for out in outputs[content_free:]]
 
 
 def choice_requests(task) -> list[EngineRequest]:
@@ -131,11 +144,20 @@ def longer_than_window(fam: Family, requests) -> bool:
 def test_label_scores_equal_transformers(family, engine):
     requests = label_requests(family.tokenizer)
     assert all(len(c) > 1 for r in requests for c in r.continuations) and longer_than_window(family, requests)
-    task = classify_task(family.tokenizer)
-    for request, output, want in zip(requests, engine.generate(requests), family.label_refs, strict=True):
+    outputs = engine.generate(requests)
+    for request, output, want in zip(requests, outputs, family.label_refs, strict=True):
         assert [len(lps) for lps in output.continuation_logprobs] == [len(c) for c in request.continuations]
         assert [sum(lps) for lps in output.continuation_logprobs] == pytest.approx(want, abs=TOL)
-        assert task.label_columns(output)["label"] == LABELS.names[argmax(want)]
+    hf_outputs = [RequestOutput(r.request_id, r.prompt_token_ids, finish_reason="scored",
+                                continuation_logprobs=[[score] for score in scores])
+                  for r, scores in zip(requests, family.label_refs, strict=True)]  # fmt: skip
+    got = label_columns(classify_task(family.tokenizer), outputs)
+    want = label_columns(classify_task(family.tokenizer), hf_outputs)
+    for columns, expected in zip(got, want, strict=True):
+        assert (columns["label"], columns["raw_label"]) == (expected["label"], expected["raw_label"])
+        assert list(columns["label_probs"].values()) == pytest.approx(
+            list(expected["label_probs"].values()), abs=TOL
+        )
 
 
 def test_multiple_choice_picks_what_transformers_scores_pick(family, engine):
