@@ -8,19 +8,26 @@
 #   05 cuda-graphs    the engine with CUDA graphs vs eager: same judgement, decode speed
 #   06 memory         KV sizing around the largest step, and a full-budget step with scoring
 #   07 bench-1b       throughput vs transformers generate_batch, Llama-3.2-1B shape
-#   08 bench-8b       the Llama-3.1-8B shape, built in bf16 on the device (only with GPU_CHECK_8B=1)
+#   08 gemma3         Gemma-3-1B's layers: fp32 greedy judged by fp32 transformers past the window, bf16 tok/s
+#   09 qwen3-moe      Qwen3-30B-A3B's layers: Triton fused MoE vs the reference, fp32 greedy judged, bf16 tok/s
+#   10 invariance     bf16: alone, in a big batch, in small chunks: same bits; tok/s with invariance on vs off
+#   11 bench-8b       the Llama-3.1-8B shape, built in bf16 on the device (only with GPU_CHECK_8B=1)
 #
-#   bench/gpu_check.sh                      # every stage, within GPU_CHECK_DEADLINE (default 420 s)
+#   bench/gpu_check.sh                      # every stage, within GPU_CHECK_DEADLINE (default 470 s)
 #   STAGES="03 05" bench/gpu_check.sh       # only these stages
 #   GPU_CHECK_CPU=1 bench/gpu_check.sh      # smoke run without a GPU: interpreted kernels, tiny models
 #   GPU_CHECK_DRY_RUN=1 bench/gpu_check.sh  # print each stage's limit and their sum; run nothing
 #
 # Deadline: the stages share GPU_CHECK_DEADLINE seconds; each runs under min(its own limit, the
 # time left less KILL_GRACE), and a stage with under MIN_STAGE seconds left is skipped ("out of time").
-# Results reach $OUT as each stage ends, in three files (the device tool returns at most 8):
+# A stage's command sees when its limit ends as GPU_CHECK_STAGE_DEADLINE (epoch seconds;
+# bench/gpu_stage.py skips a phase that would not fit). The smoke run triples every limit and the deadline: the interpreter and a small CPU
+# are slower than the GPU, and the smoke run checks that the code runs, not its minutes.
+# Results reach $OUT as each stage ends, in four files (the device tool returns at most 8):
 #   summary.txt     one line per stage: verdict, seconds, the stage's figure
 #   results.jsonl   one JSON object per stage: verdict, figure, seconds, limit, the stage's figures,
 #                   and the last lines of its output when it failed (the traceback's tail)
+#   progress.jsonl  one JSON object per phase of stages 08-10 as the phase ends (bench/gpu_stage.py)
 #   log.txt         every stage's whole output
 # Python: $PYTHON, else .venv/bin/python if it sees CUDA (or in the smoke run), else python3; it must
 # hold torch (CUDA), triton, transformers, tokenizers, safetensors, psutil, pytest. Missing packages
@@ -30,33 +37,37 @@
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-DEADLINE="${GPU_CHECK_DEADLINE:-420}"
 KILL_GRACE=5
 MIN_STAGE=15
 CPU_SMOKE=0
 [[ "${GPU_CHECK_CPU:-}" == 1 ]] && CPU_SMOKE=1
+LIMIT_SCALE=$((CPU_SMOKE == 1 ? 3 : 1))
+DEADLINE="${GPU_CHECK_DEADLINE:-$((470 * LIMIT_SCALE))}"
 DRY_RUN=0
 [[ "${GPU_CHECK_DRY_RUN:-}" == 1 ]] && DRY_RUN=1
 
 # stage table: number name own-limit-seconds needs-cuda (the commands are in run_all below)
-STAGE_TABLE="01 environment 20 0
-02 kernel-tests 75 0
-03 attention 40 0
-04 engine-triton 55 0
-05 cuda-graphs 55 1
-06 memory 40 1
-07 bench-1b 80 1"
+STAGE_TABLE="01 environment 15 0
+02 kernel-tests 70 0
+03 attention 35 0
+04 engine-triton 45 0
+05 cuda-graphs 40 1
+06 memory 30 1
+07 bench-1b 55 1
+08 gemma3 45 0
+09 qwen3-moe 50 0
+10 invariance 35 0"
 if [[ $CPU_SMOKE == 1 ]]; then
-  STAGE_TABLE="${STAGE_TABLE/07 bench-1b 80 1/07 bench-tiny 80 0}"
+  STAGE_TABLE="${STAGE_TABLE/07 bench-1b 55 1/07 bench-tiny 55 0}"
 elif [[ "${GPU_CHECK_8B:-}" == 1 ]]; then
-  STAGE_TABLE+=$'\n'"08 bench-8b 120 1"
+  STAGE_TABLE+=$'\n'"11 bench-8b 120 1"
 fi
 
 selected() { [[ -z "${STAGES:-}" || " $STAGES " == *" $1 "* ]]; }
 
 # the limit a stage gets when `used` seconds of the deadline are gone (0: not enough left)
 stage_limit() {
-  local own="$1" used="$2" left
+  local own=$(($1 * LIMIT_SCALE)) used="$2" left
   left=$((DEADLINE - used - KILL_GRACE))
   ((left < MIN_STAGE)) && { echo 0; return; }
   echo $((own < left ? own : left))
@@ -67,7 +78,7 @@ if [[ $DRY_RUN == 1 ]]; then
   while read -r num name own cuda; do
     selected "$num" || continue
     limit=$(stage_limit "$own" "$used")
-    printf 'stage %s %-15s limit %4ss (own %ss)\n' "$num" "$name" "$limit" "$own"
+    printf 'stage %s %-15s limit %4ss (own %ss)\n' "$num" "$name" "$limit" "$((own * LIMIT_SCALE))"
     ((limit > 0)) && used=$((used + limit + KILL_GRACE))
   done <<<"$STAGE_TABLE"
   echo "total: at most ${used}s of stage time (deadline ${DEADLINE}s)"
@@ -78,7 +89,8 @@ fi
 OUT_DIR="${OUT:-$(mktemp -d)}"
 mkdir -p "$OUT_DIR"
 SUMMARY="$OUT_DIR/summary.txt" RESULTS="$OUT_DIR/results.jsonl" LOG="$OUT_DIR/log.txt"
-: >"$SUMMARY"; : >"$RESULTS"; : >"$LOG"
+export GPU_CHECK_PROGRESS="$OUT_DIR/progress.jsonl"
+: >"$SUMMARY"; : >"$RESULTS"; : >"$LOG"; : >"$GPU_CHECK_PROGRESS"
 die() { echo "gpu_check: error: $*" | tee -a "$SUMMARY" >&2; exit 2; }
 
 pick_python() {
@@ -148,7 +160,7 @@ run_stage() {
   elif ((limit == 0)); then
     echo "skipped: out of time" >"$stage_log"; verdict="FAIL (out of time)"; FAILED=1
   else
-    timeout --kill-after=$KILL_GRACE "$limit" "$@" >"$stage_log" 2>&1
+    GPU_CHECK_STAGE_DEADLINE=$(($(date +%s) + limit)) GPU_CHECK_STAGE_NUM="$num" timeout --kill-after=$KILL_GRACE "$limit" "$@" >"$stage_log" 2>&1
     rc=$?
     if [[ $rc == 0 ]]; then verdict="PASS"
     elif [[ $rc == 124 || $rc == 137 ]]; then verdict="FAIL (timed out, ${limit}s)"; FAILED=1
@@ -179,7 +191,7 @@ facts = {
     "triton": triton.__version__, "transformers": transformers.__version__,
     "device": torch.cuda.get_device_name() if cuda else "no GPU (smoke run)",
     "memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1) if cuda else None,
-    # what stages 04-08 use, and their fallbacks on an older transformers
+    # what the later stages use, and their fallbacks on an older transformers
     "hf_dtype_keyword": "dtype" if version >= (4, 56) else "torch_dtype",
     "hf_generate_batch": hasattr(PreTrainedModel, "generate_batch") or version >= (4, 56),
 }
@@ -224,10 +236,13 @@ if [[ $CPU_SMOKE == 1 ]]; then
 else
   run_stage 07 bench-1b "$(limit_of 07)" 1 "$PY" bench/gpu_bench.py --shape 1b --num-prompts 256 --output-len 128 \
     --profile "${HF_ARGS[@]}" --json "$J/stage-07.json"
-  if [[ "${GPU_CHECK_8B:-}" == 1 ]]; then
-    run_stage 08 bench-8b "$(limit_of 08)" 1 "$PY" bench/gpu_bench.py --shape 8b --num-prompts 128 --output-len 64 \
-      --prompt-max 512 --skip-hf --json "$J/stage-08.json"
-  fi
+fi
+run_stage 08 gemma3 "$(limit_of 08)" 0 "$PY" bench/gpu_family_check.py gemma3 "${DEVICE_ARGS[@]}" --json "$J/stage-08.json"
+run_stage 09 qwen3-moe "$(limit_of 09)" 0 "$PY" bench/gpu_family_check.py qwen3-moe "${DEVICE_ARGS[@]}" --json "$J/stage-09.json"
+run_stage 10 invariance "$(limit_of 10)" 0 "$PY" bench/gpu_invariance_check.py "${DEVICE_ARGS[@]}" --json "$J/stage-10.json"
+if [[ $CPU_SMOKE != 1 && "${GPU_CHECK_8B:-}" == 1 ]]; then
+  run_stage 11 bench-8b "$(limit_of 11)" 1 "$PY" bench/gpu_bench.py --shape 8b --num-prompts 128 --output-len 64 \
+    --prompt-max 512 --skip-hf --json "$J/stage-11.json"
 fi
 
 echo "== summary (${USED}s of the ${DEADLINE}s deadline)" | tee -a "$SUMMARY"

@@ -81,6 +81,14 @@ def generate(
 ) -> tuple[list[list[int]], float]:
     """Greedy outputs in prompt order (EOS ignored) and the seconds the timed run took (after a warm-up)."""
     engine = load_engine(str(model_dir), config)
+    check_graphs_captured(engine, config)
+    outputs, seconds = timed_generate(engine, prompts, max_tokens)
+    del engine
+    release(config.device)
+    return outputs, seconds
+
+
+def check_graphs_captured(engine, config: EngineConfig) -> None:
     captured = getattr(engine.runner, "graphs", None) is not None
     if (
         config.device == "cuda"
@@ -91,28 +99,33 @@ def generate(
         raise RuntimeError(
             "CUDA graphs were asked for with the Triton kernels but none were captured (see the log)"
         )
+
+
+def timed_generate(engine, prompts, max_tokens: int) -> tuple[list[list[int]], float]:
+    """On a loaded engine: a warm-up, then every prompt greedy to exactly max_tokens, timed."""
+    device = engine.runner.device.type
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     engine.generate(
         [EngineRequest(f"warm{i}", p, SamplingParams(max_tokens=4)) for i, p in enumerate(prompts[:8])]
     )
-    sync(config.device)
+    sync(device)
     t0 = time.perf_counter()
     outputs = engine.generate([EngineRequest(f"r{i}", p, params) for i, p in enumerate(prompts)])
-    sync(config.device)
+    sync(device)
     seconds = time.perf_counter() - t0
     for out in outputs:
         if out.error or len(out.output_token_ids) != max_tokens:
             raise RuntimeError(f"{out.request_id}: {len(out.output_token_ids)} tokens, error={out.error!r}")
-    del engine
-    release(config.device)
     return [list(o.output_token_ids) for o in outputs], seconds
 
 
-def judge(model_dir: Path, prompts, outputs_by_system: dict, args) -> dict:
-    """Each generated token's fp32 regret: best fp32 logit minus the chosen token's, per system."""
+def judge(model_dir: Path, prompts, outputs_by_system: dict, args, **hf_options) -> dict:
+    """Each generated token's fp32 regret: best fp32 logit minus the chosen token's, per system
+    (`exact`: tokens that are the fp32 argmax itself). hf_options: more from_pretrained keywords."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, **hf_dtype(torch.float32)).to(args.device).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, **hf_dtype(torch.float32), **hf_options)
+    model = model.to(args.device).eval()
     verdicts = {}
     for system, outputs in outputs_by_system.items():
         regrets = []
@@ -124,6 +137,7 @@ def judge(model_dir: Path, prompts, outputs_by_system: dict, args) -> dict:
                 regrets.extend((logits.max(dim=1).values - chosen).tolist())
         bad = sum(r > args.tie_tolerance for r in regrets)
         verdicts[system] = {"tokens": len(regrets), "beyond_tie": bad, "max_regret": max(regrets, default=0.0),
+                            "exact": sum(r <= 0 for r in regrets),
                             "ok": bad <= args.max_bad_fraction * len(regrets)}  # fmt: skip
         print(f"{system:<12} {len(regrets)} tokens judged by fp32 transformers: {bad} beyond a "
               f"{args.tie_tolerance} tie, max regret {verdicts[system]['max_regret']:.3g}", flush=True)  # fmt: skip

@@ -1,4 +1,5 @@
-"""The GPU bench's model and workload: a random-weight Llama saved with a local tokenizer, random prompts.
+"""The GPU bench's model and workload: a random-weight Llama (or another family's shape) saved with a
+local tokenizer, random prompts.
 
 Nothing comes from a hub: the config is written here, weights are random, and the tokenizer is a
 word-level one over made-up words so that every token id decodes.
@@ -50,7 +51,6 @@ def build_tokenizer(vocab_size: int):
 
 def build_model_dir(shape: Shape, dtype, device: str, path: Path, max_positions: int):
     """Random-weight Llama saved (safetensors + tokenizer) into `path`; returns its config."""
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -66,17 +66,62 @@ def build_model_dir(shape: Shape, dtype, device: str, path: Path, max_positions:
         bos_token_id=1,
         eos_token_id=2,
     )
+    save_random(LlamaForCausalLM, config, dtype, device, path)
+    return config
+
+
+def save_random(model_class, config, dtype, device: str, path: Path) -> None:
+    """A random-weight `model_class(config)` saved (safetensors + word tokenizer) into `path`."""
+    import torch
+
     torch.manual_seed(0)
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # built in its dtype: an 8B model never exists in fp32 (32 GB)
     try:
         with torch.device(device):  # initialising on the GPU takes seconds, on the CPU minutes
-            model = LlamaForCausalLM(config)
+            model = model_class(config)
     finally:
         torch.set_default_dtype(default)
     model.save_pretrained(path)
-    build_tokenizer(shape.vocab).save_pretrained(path)
+    build_tokenizer(config.vocab_size).save_pretrained(path)
     del model
+
+
+# gpu_check's family stages: (transformers config class, fields). Only fields every supported
+# transformers version takes; their defaults give the rest (Gemma 3's local / global RoPE bases, its
+# pattern of five sliding layers per global one). Fewer layers than the real models: every layer
+# kind is there, and the stage fits its minutes.
+FAMILY_SHAPES = {
+    # Gemma-3-1B's layers: head_dim 256, 4 query heads on 1 kv head, window 512, GeGLU, q/k norms
+    "gemma3": ("Gemma3TextConfig", dict(
+        hidden_size=1152, intermediate_size=6912, num_hidden_layers=8, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=256, sliding_window=512, query_pre_attn_scalar=256,
+        vocab_size=262144, tie_word_embeddings=True)),
+    "gemma3-tiny": ("Gemma3TextConfig", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=256, sliding_window=8, query_pre_attn_scalar=64, vocab_size=512)),
+    # Qwen3-30B-A3B's layers: 128 experts of 768, top 8 renormalized, 32 / 4 heads of 128, q/k norms
+    "qwen3_moe": ("Qwen3MoeConfig", dict(
+        hidden_size=2048, intermediate_size=6144, num_hidden_layers=2, num_attention_heads=32,
+        num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+        moe_intermediate_size=768, norm_topk_prob=True, vocab_size=151936, tie_word_embeddings=False)),
+    "qwen3_moe-tiny": ("Qwen3MoeConfig", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        norm_topk_prob=True, vocab_size=512, tie_word_embeddings=False)),
+}  # fmt: skip
+
+
+def build_family_dir(name: str, dtype, device: str, path: Path, max_positions: int):
+    """Random-weight model of FAMILY_SHAPES[name] saved (safetensors + tokenizer) into `path`; returns
+    its config."""
+    import transformers
+
+    class_name, fields = FAMILY_SHAPES[name]
+    config = getattr(transformers, class_name)(
+        **fields, max_position_embeddings=max_positions, bos_token_id=1, eos_token_id=2, pad_token_id=0
+    )
+    save_random(transformers.AutoModelForCausalLM.from_config, config, dtype, device, path)
     return config
 
 

@@ -77,3 +77,32 @@ def specs() -> dict[str, ConstraintSpec]:
     out["regex"] = ConstraintSpec.regex(r"([01][0-9]|2[0-3]):[0-5][0-9]")
     out["choice"] = ConstraintSpec.choice(["positive", "negative", "neutral"])
     return out
+
+
+def hf_masked_greedy(model, grammar_cache, spec: ConstraintSpec, prompt_ids: list[int], eos_token_id: int,
+                     max_tokens: int) -> list[int]:  # fmt: skip
+    """transformers' greedy continuation under the grammar's mask (the model's own KV cache, one
+    row): the tokens an engine's constrained greedy row must give, up to EOS (not included, as the
+    engine reports them)."""
+    import torch
+
+    from bulkrun.engine.structured_output.bitmask import apply_token_bitmask
+    from bulkrun.engine.structured_output.grammar import MaskFiller, new_bitmask
+
+    matcher, filler = grammar_cache.matcher(spec), MaskFiller()
+    bitmask = new_bitmask(1, grammar_cache.tokenizer)
+    cache, step, out = {}, torch.tensor([list(prompt_ids)]), []
+    with torch.no_grad():
+        while len(out) < max_tokens:
+            result = model(input_ids=step, use_cache=True, **cache)
+            key = "cache" if "cache" in result else "past_key_values"  # transformers 5 / 4.x
+            cache, logits = {key: result[key]}, result.logits[0, -1:].float()
+            filler.fill([matcher], bitmask)
+            apply_token_bitmask(logits, torch.from_numpy(bitmask))
+            token = int(logits.argmax(-1))
+            if token == eos_token_id:
+                break
+            assert matcher.accept(token), matcher.error
+            out.append(token)
+            step = torch.tensor([[token]])
+    return out

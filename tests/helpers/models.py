@@ -3,7 +3,8 @@
   the job, CLI, distributed and task tests (with ENGINE_FLAGS, small engine settings);
 - make_model_for_tokenizer: a Llama with a real tokenizer's vocabulary (or build_harmony_tokenizer's:
   gpt-oss's harmony markers as special tokens);
-- build_tiny_model(kind): one checkpoint per supported model family (KINDS) with a word tokenizer,
+- build_tiny_model(kind): one checkpoint per supported model family (KINDS) with a word tokenizer
+  (or, text_tokenizer=True, the byte tokenizer: the task and constrained-decoding tests need text),
   for the model tests that compare with transformers."""
 
 from __future__ import annotations
@@ -178,9 +179,13 @@ KINDS = {
 }  # fmt: skip
 
 
-def build_tiny_model(kind: str, folder: Path, seed: int = 0, **config_overrides):
+def build_tiny_model(
+    kind: str, folder: Path, seed: int = 0, text_tokenizer: bool = False, **config_overrides
+):
     """Save a tiny `kind` model to folder (config_overrides: e.g. num_hidden_layers); return the
-    transformers model (fp32, eval).
+    transformers model (fp32, eval). text_tokenizer: the byte tokenizer with its chat template instead
+    of the word one (every text encodes; the grammar engine needs a decoder), the vocabulary and
+    special ids sized to it.
 
     Weights are redrawn larger than transformers' init (std 0.02 makes every logit nearly equal, which
     would let a wrong head order or a missing bias pass unnoticed)."""
@@ -189,6 +194,11 @@ def build_tiny_model(kind: str, folder: Path, seed: int = 0, **config_overrides)
 
     torch.manual_seed(seed)
     config_class, settings = KINDS[kind]
+    tokenizer = build_tokenizer() if text_tokenizer else None
+    if tokenizer is not None:
+        ids = dict(vocab_size=len(tokenizer), bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+                   pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+        config_overrides = {**ids, **config_overrides}
     config = getattr(transformers, config_class)(**{**_COMMON, **settings, **config_overrides})
     model = transformers.AutoModelForCausalLM.from_config(
         config, dtype=torch.float32, attn_implementation="eager"
@@ -203,7 +213,10 @@ def build_tiny_model(kind: str, folder: Path, seed: int = 0, **config_overrides)
                 p.copy_(torch.randn_like(p) * (0.3 if p.ndim == 1 else p.shape[-1] ** -0.5))
     model.eval()
     model.save_pretrained(folder)
-    save_word_tokenizer(folder)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    else:
+        save_word_tokenizer(folder)
     return model
 
 
