@@ -9,23 +9,24 @@ CONTEXT, QUERIES, BLOCK = 70, 40, 16  # the sequence's last QUERIES tokens are t
 HEADS, KV_HEADS, HEAD_DIM = 6, 2, 32
 
 
-def _cache(dtype, device):
+def _cache(dtype, device, heads, kv_heads, head_dim):
     g = torch.Generator().manual_seed(0)
     blocks = 2 * (-(-CONTEXT // BLOCK)) + 2
-    k = torch.randn(blocks, BLOCK, KV_HEADS, HEAD_DIM, generator=g).to(dtype)
-    v = torch.randn(blocks, BLOCK, KV_HEADS, HEAD_DIM, generator=g).to(dtype)
-    q = torch.randn(QUERIES, HEADS, HEAD_DIM, generator=g).to(dtype)
-    other_q = torch.randn(9, HEADS, HEAD_DIM, generator=g).to(dtype)
+    k = torch.randn(blocks, BLOCK, kv_heads, head_dim, generator=g).to(dtype)
+    v = torch.randn(blocks, BLOCK, kv_heads, head_dim, generator=g).to(dtype)
+    q = torch.randn(QUERIES, heads, head_dim, generator=g).to(dtype)
+    other_q = torch.randn(9, heads, head_dim, generator=g).to(dtype)
     mine = torch.arange(-(-CONTEXT // BLOCK), dtype=torch.int32).flip(0)  # scattered: reversed order
     theirs = torch.arange(len(mine), 2 * len(mine), dtype=torch.int32)
     return [t.to(device) for t in (k, v, q, other_q, mine, theirs)]
 
 
-def three_ways(attention, dtype, device, **kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def three_ways(attention, dtype, device, heads=HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM,
+               **kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(rows as one chunk in a mixed batch, rows as 7-token chunks, each row alone) for
     attention(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, **kwargs)."""
-    k, v, q, other_q, mine, theirs = _cache(dtype, device)
-    scale = HEAD_DIM**-0.5
+    k, v, q, other_q, mine, theirs = _cache(dtype, device, heads, kv_heads, head_dim)
+    scale = head_dim**-0.5
     i32 = dict(dtype=torch.int32, device=device)
 
     def call(qs, lens, tables, starts):

@@ -21,6 +21,25 @@ def test_cpu_attention_rows_are_batch_invariant(dtype):
 
 
 @pytest.mark.skipif(not NATIVE, reason="no native kernels")
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (8, 2), (16, 2), (26, 2)])
+@pytest.mark.parametrize("extras", [{}, {"window": 5}, {"softcap": 8.0, "window": 19}, {"sinks": True}])
+def test_cpu_attention_invariant_for_every_group_and_extra(heads, kv_heads, extras):
+    """Batch invariant items hold several tokens of a chunk (as many as the group allows: 12, 6, 3,
+    1 and, past the few-rows path, 1 on the many-row path); each token's bits are its own alone,
+    with windows shorter than a chunk, soft-capping and sinks too."""
+    from bulkrun_kernels import cpu_ops
+
+    if extras.get("sinks"):
+        extras = {"sinks": torch.linspace(-1.0, 2.0, heads)}
+    chunk, chunks, alone = three_ways(cpu_ops.paged_attention, torch.bfloat16, "cpu", heads=heads,
+                                      kv_heads=kv_heads, head_dim=64, **extras)  # fmt: skip
+    assert torch.equal(chunk, alone) and torch.equal(chunks, alone)
+    reference_rows = three_ways(reference.paged_attention, torch.float32, "cpu", heads=heads,
+                                kv_heads=kv_heads, head_dim=64, **extras)[2]  # fmt: skip
+    torch.testing.assert_close(alone.float(), reference_rows, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.skipif(not NATIVE, reason="no native kernels")
 def test_cpu_attention_without_invariance_differs():
     """The check has power: the many-row bf16 prompt paths give other bits than decode rows."""
     from bulkrun_kernels import cpu_ops
