@@ -89,3 +89,26 @@ class _ChildRun:
                     break
             outcomes[(case.get("classname"), case.get("name"))] = (outcome, text)
         return outcomes
+
+
+@pytest.fixture
+def row_invariant_dot(device, monkeypatch):
+    """Under the interpreter, tl.dot as a GPU's MMA computes it: every output element its own sum over
+    K, the same whatever the other rows. The interpreter's own dot is numpy's BLAS matmul, whose
+    kernels (OpenBLAS's, on AMD CPUs) reduce a row by its position in the tile and by M: the batch
+    invariance tests would test the host's BLAS, not our tiling. einsum without optimize never calls
+    BLAS. On CUDA: nothing to do."""
+    if device != "cpu":
+        return
+    import numpy as np
+    from triton.runtime import interpreter
+
+    original = interpreter.InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.dtype.primitive_bitwidth == 8 or b.dtype.primitive_bitwidth == 8:  # fp8: the interpreter's path
+            return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+        out = np.einsum("...ik,...kj->...ij", a.data, b.data, dtype=d.data.dtype, optimize=False)
+        return interpreter.TensorHandle(out + d.data, d.dtype.scalar)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)

@@ -27,7 +27,7 @@ def test_matches_torch(n, k, dtype, bias, device):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rows_do_not_depend_on_batch(dtype, device):
+def test_rows_do_not_depend_on_batch(dtype, device, row_invariant_dot):
     x, w, b = _inputs(130, 72, 96, dtype, device, True)
     full = matmul(x, w, b)
     for rows in (1, 5, 64, 65, 129):
