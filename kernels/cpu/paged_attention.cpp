@@ -29,12 +29,6 @@ namespace {
 
 constexpr int64_t kQueryTile = 32;
 constexpr int64_t kAmxQueryTile = 64;  // on AMX: each item lays out its keys and values once, for more rows
-// rows per kv head that run_item_few takes: its arithmetic per row does not depend on how many rows
-// share the item, so batch invariant items hold up to this many rows (several tokens of a chunk,
-// each computed as that token alone would be) and read each key once for all of them
-constexpr int64_t kFewRows = 12;
-// below this many rows per kv head a prompt tile takes run_item_few without batch invariance too
-constexpr int64_t kFewRowsVariant = 6;
 constexpr int64_t kKeys = 16;  // keys per score vector (one F16)
 constexpr int64_t kRowBlock = 8;  // query rows scored together against transposed keys
 // decode rows: each group of keys is prefetched into L2 a group ahead, and each key into L1 this many
@@ -51,7 +45,6 @@ struct Geometry {
   int64_t window;        // > 0: a query at p sees keys p - window + 1 .. p; 0: all keys up to p
   float softcap;         // > 0: scores = softcap * tanh(scores / softcap)
   const float* sinks;    // [Hq] logits joining each head's softmax denominator, or null
-  bool batch_invariant;  // every row on run_item_few's arithmetic (docs/batch-invariance.md)
 
   int64_t first_key(int64_t pos) const { return window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0; }
   float sink(int64_t head) const { return sinks ? sinks[head] : -std::numeric_limits<float>::infinity(); }
@@ -146,7 +139,7 @@ inline float softmax_row(F16* pr, int64_t begin, int64_t seen, int64_t key_group
   return lane_sum(sum);
 }
 
-// score_keys for a compile-time R <= kFewRows rows: key by key, each key's vectors loaded once for all rows
+// score_keys for a compile-time R < 6 rows: key by key, each key's vectors loaded once for all rows
 // and the rows' queries held in registers (the row-by-row loop reloaded both for every product).
 template <int NV, int R, typename T>
 void score_keys_few(const F16* q, const T* const* keys, int64_t n, F16* scores) {
@@ -274,7 +267,7 @@ void run_item(const WorkItem& w, const Geometry& g, const T* q, const T* k_cache
   }
 }
 
-// Decode-sized items (and every item when batch invariant): too little work per key for the keys to stay
+// Decode-sized items (fewer than 6 rows per kv head): too little work per key for the keys to stay
 // in cache between kv heads, so both passes walk the keys once, all kv heads of each key row together:
 // a key row holds every kv head side by side, so a block of keys is one contiguous run of memory that
 // the hardware prefetcher streams, instead of three strided walks over it. The value sums of every
@@ -398,14 +391,13 @@ void run_all(const std::vector<WorkItem>& items, const Geometry& g, const T* q, 
       const WorkItem& w = items[i];
       const int32_t* table = tables + w.seq * g.max_blocks;
       const int64_t token0 = starts[w.seq], new_tokens = starts[w.seq + 1] - starts[w.seq];
-      const int64_t rows = (w.q_end - w.q_begin) * g.group;  // rows per kv head
-      if (rows > (g.batch_invariant ? kFewRows : kFewRowsVariant - 1)) {
-        run_item_best<NV, T>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out);
-        continue;
+      switch ((w.q_end - w.q_begin) * g.group) {  // rows per kv head
+#define BULKRUN_FEW(R) \
+  case R: run_item_few<NV, R, T>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out); break;
+        BULKRUN_FEW(1) BULKRUN_FEW(2) BULKRUN_FEW(3) BULKRUN_FEW(4) BULKRUN_FEW(5)
+#undef BULKRUN_FEW
+        default: run_item_best<NV, T>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out);
       }
-      with_row_count<kFewRows>(rows, [&](auto R) {
-        run_item_few<NV, decltype(R)::value, T>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out);
-      });
     }
   });
 }
@@ -474,14 +466,10 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   }
 
   const bool amx = dtype == at::kBFloat16 && head_dim % 32 == 0 && g.plain() && attention_amx();
-  g.batch_invariant = batch_invariant;
-  // Batch invariant: every token takes a decode row's arithmetic (run_item_few: the same code and key
-  // order whatever its chunk, its batch or a recompute), a prompt chunk's tokens as many to an item
-  // as kFewRows allows; prompt chunks give up the many-row paths (AMX tiles, rows scored against
-  // transposed keys). A group wider than kFewRows takes run_item, one token per item, every token.
-  const int64_t tile_tokens = batch_invariant ? std::max<int64_t>(1, kFewRows / g.group)
-                              : amx           ? kAmxQueryTile
-                                              : kQueryTile;
+  // Batch invariant: one query token per item, so every token takes a decode row's path (the same
+  // code and key order whatever its chunk, its batch or a recompute); prompt chunks then give up
+  // the many-row paths (AMX tiles, rows scored against transposed keys).
+  const int64_t tile_tokens = batch_invariant ? 1 : amx ? kAmxQueryTile : kQueryTile;
   const int64_t num_seqs = seq_lens.size(0);
   const int32_t* starts = query_start_loc.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();

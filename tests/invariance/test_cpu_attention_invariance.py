@@ -24,9 +24,8 @@ def test_cpu_attention_rows_are_batch_invariant(dtype):
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (8, 2), (16, 2), (26, 2)])
 @pytest.mark.parametrize("extras", [{}, {"window": 5}, {"softcap": 8.0, "window": 19}, {"sinks": True}])
 def test_cpu_attention_invariant_for_every_group_and_extra(heads, kv_heads, extras):
-    """Batch invariant items hold several tokens of a chunk (as many as the group allows: 12, 6, 3,
-    1 and, past the few-rows path, 1 on the many-row path); each token's bits are its own alone,
-    with windows shorter than a chunk, soft-capping and sinks too."""
+    """Every group size (the few-rows path and, for wider groups, the many-row one) and every extra:
+    each token's bits are its own alone, with windows shorter than a chunk, soft-capping and sinks."""
     from bulkrun_kernels import cpu_ops
 
     if extras.get("sinks"):
