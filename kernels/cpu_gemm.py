@@ -1,12 +1,16 @@
-"""bf16 linears on AMX tiles with a per-row reduction order fixed by K alone (kernels/cpu/amx_gemm.cpp).
+"""bf16 linears with a per-row reduction order fixed by K alone: on AMX tiles (kernels/cpu/amx_gemm.cpp)
+or, on CPUs without AMX, on AVX512-BF16 dot products (kernels/cpu/dpbf16_gemm.cpp); one weight layout.
 
     wp = pack_amx(weight)                      # once per weight: [N, K] -> [ceil(N/16), K/32, 16, 32]
-    y = amx_gemm(x, wp, bias, out_features)    # x [M, K] bf16 -> [M, N] bf16 (or out_dtype)
+    y = bf16_gemm(x, wp, bias, out_features)   # x [M, K] bf16 -> [M, N] bf16 (or out_dtype)
 
-A row's output bits do not depend on M or on the other rows (the batch-invariance contract).
+A row's output bits do not depend on M or on the other rows (the batch-invariance contract). The
+two kernels round alike but sum in their own order: a machine runs one of them, always the same.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -16,6 +20,19 @@ COLS, STEP = 16, 32  # columns per tile, K per tile instruction
 def amx_available() -> bool:
     ops = getattr(torch.ops, "bulkrun_cpu", None)
     return ops is not None and hasattr(ops, "amx_gemm") and bool(ops.amx_gemm_available())
+
+
+def dpbf16_available() -> bool:
+    ops = getattr(torch.ops, "bulkrun_cpu", None)
+    return ops is not None and hasattr(ops, "dpbf16_gemm") and bool(ops.dpbf16_gemm_available())
+
+
+@functools.cache
+def fixed_order_bf16_kernel() -> str | None:
+    """The fixed-order bf16 GEMM this CPU runs: "amx", "dpbf16" (AVX512-BF16), or None."""
+    if amx_available():
+        return "amx"
+    return "dpbf16" if dpbf16_available() else None
 
 
 def amx_packable(weight: torch.Tensor) -> bool:
@@ -43,17 +60,20 @@ def pad_bias(bias: torch.Tensor | None, wp: torch.Tensor) -> torch.Tensor | None
     return padded
 
 
-def amx_gemm(
+def bf16_gemm(
     x: torch.Tensor,
     wp: torch.Tensor,
     bias: torch.Tensor | None,
     out_features: int,
     out_dtype: torch.dtype = torch.bfloat16,
+    kernel: str | None = None,
 ) -> torch.Tensor:
+    """kernel: "amx" or "dpbf16" (default: the one this CPU runs)."""
     if x.dtype != torch.bfloat16:
-        raise TypeError(f"amx_gemm takes bfloat16 input, got {x.dtype}")
+        raise TypeError(f"bf16_gemm takes bfloat16 input, got {x.dtype}")
     if x.stride(-1) != 1:
         x = x.contiguous()
     y = torch.empty(x.shape[0], out_features, dtype=out_dtype)
-    torch.ops.bulkrun_cpu.amx_gemm(x, wp, bias, y)
+    kernel = kernel or fixed_order_bf16_kernel()
+    getattr(torch.ops.bulkrun_cpu, f"{kernel}_gemm")(x, wp, bias, y)
     return y

@@ -2,9 +2,10 @@
 
 Batch invariant (the default): a row's output bits must not depend on how many rows share the call
 (docs/batch-invariance.md), so one kernel whose per-row reduction order is fixed by K alone serves
-every row count: bf16 weights run on AMX tiles (bulkrun_kernels.cpu_gemm), fp32 ones on the panel
-kernel below, and where neither is built oneDNN runs in fixed tiles of INVARIANT_TILE rows (its
-blocking, which it picks from the row count, is then always the same). On CUDA, the fixed-tile
+every row count: bf16 weights run on AMX tiles or, without AMX, on AVX512-BF16 dot products
+(bulkrun_kernels.cpu_gemm), fp32 ones on the panel kernel below, and where none is built oneDNN runs
+in fixed tiles of INVARIANT_TILE rows (its blocking, which it picks from the row count, is then
+always the same; each tile streams the weights again, so a decode step of 256 rows reads them 4 times). On CUDA, the fixed-tile
 Triton matmul (bulkrun_kernels.matmul) replaces cuBLAS, whose kernel choice varies with M.
 
 Not batch invariant: two packings, chosen per call by the number of rows:
@@ -26,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bulkrun_kernels.cpu_gemm import amx_available, amx_gemm, amx_packable, pack_amx, pad_bias
+from bulkrun_kernels.cpu_gemm import amx_packable, bf16_gemm, fixed_order_bf16_kernel, pack_amx, pad_bias
 
 PANEL = 32  # columns per panel of the native small_gemm layout
 SMALL_ROWS = 128  # at or below this many rows the panel kernel beats oneDNN here
@@ -72,7 +73,7 @@ class Linear(nn.Module):
         self.packed: torch.Tensor | None = None
         self.panels: torch.Tensor | None = None
         self.panel_bias: torch.Tensor | None = None
-        self.tiles: torch.Tensor | None = None  # AMX layout (bf16)
+        self.tiles: torch.Tensor | None = None  # the fixed-order bf16 GEMM's layout (cpu_gemm.pack_amx)
         self.tile_bias: torch.Tensor | None = None
         self.invariant = True  # every row count takes one fixed-order kernel (set_batch_invariant)
 
@@ -86,7 +87,7 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tiles is not None:
-            return amx_gemm(x, self.tiles, self.tile_bias, self.out_features)
+            return bf16_gemm(x, self.tiles, self.tile_bias, self.out_features)
         small = x.shape[0] <= SMALL_ROWS
         if self.panels is not None and (self.packed is None or self.invariant or small):
             return self._small_gemm(x)
@@ -174,7 +175,7 @@ def pack_linears_for_cpu(model: nn.Module, panels: bool | None = None) -> bool:
     if any(m.weight.device.type != "cpu" or m.weight.dtype not in _PACKABLE for m in linears):
         return False
     native = panels
-    amx = native and amx_available()
+    amx = native and fixed_order_bf16_kernel() is not None  # AMX tiles or AVX512-BF16 dot products
     panels = native and panel_kernel_available()
     head = getattr(model, "lm_head", None)
     body_bytes = sum(m.weight.numel() * m.weight.element_size() for m in linears if m is not head)

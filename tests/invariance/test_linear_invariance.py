@@ -8,7 +8,7 @@ import torch
 
 from bulkrun.model.linear import Linear, set_batch_invariant
 from bulkrun_kernels import cpu_build
-from bulkrun_kernels.cpu_gemm import amx_available
+from bulkrun_kernels.cpu_gemm import fixed_order_bf16_kernel
 
 G = torch.Generator().manual_seed(0)
 NATIVE = cpu_build.compiler_available() and cpu_build.load()
@@ -29,9 +29,9 @@ PACKINGS = [
         torch.float32, {"panels": True, "onednn": True}, id="fp32-panels",
         marks=pytest.mark.skipif(not NATIVE, reason="no native kernels"),
     ),
-    pytest.param(
-        torch.bfloat16, {"amx": True}, id="bf16-amx",
-        marks=pytest.mark.skipif(not (NATIVE and amx_available()), reason="no AMX"),
+    pytest.param(  # AMX tiles, or AVX512-BF16 dot products where there is no AMX
+        torch.bfloat16, {"amx": True}, id="bf16-fixed-order",
+        marks=pytest.mark.skipif(not (NATIVE and fixed_order_bf16_kernel()), reason="no AMX nor AVX512-BF16"),
     ),
 ]  # fmt: skip
 

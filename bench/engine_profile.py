@@ -1,0 +1,114 @@
+"""Where a bf16 engine run's time goes, op by op: the default model on vllm_peer_bench's two workloads
+(prompt-heavy: 48 chat prompts of 50-400 tokens; decode-heavy: 512 short tickets; 64 new tokens
+each), in-process, after a warm-up run, under torch's profiler.
+
+    python bench/engine_profile.py [--workload prompt-heavy|decode-heavy|both] [--no-batch-invariant]
+
+Prints, per workload, the wall time and each op group's share of it (linears, attention, norms,
+...), with GFLOP/s for the linears against this box's measured bf16 GEMM rate; what no op accounts
+for is the host's part (Python, scheduling, step building). The op times are the calling thread's
+wall time inside each op (the ops run their own intra-op threads), so the shares add up to the wall.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+
+import torch
+from workload import chat_prompts, matmul_gflops
+
+NEW_TOKENS = 64
+# op name (as the profiler records it) -> group
+GROUPS = {
+    "mkldnn::_linear_pointwise": "linears",
+    "bulkrun_cpu::amx_gemm": "linears",
+    "bulkrun_cpu::small_gemm": "linears",
+    "aten::addmm": "linears",
+    "aten::mm": "linears",
+    "aten::linear": "linears",
+    "bulkrun_cpu::paged_attention": "attention",
+    "bulkrun_cpu::rms_norm": "norms",
+    "bulkrun_cpu::rotary": "rotary",
+    "bulkrun_cpu::silu_and_mul": "activation",
+    "bulkrun_cpu::gelu_tanh_and_mul": "activation",
+    "bulkrun_cpu::write_kv": "kv write",
+    "bulkrun_cpu::greedy_head": "greedy head",
+}
+
+
+def profile(engine, prompts: list[list[int]]) -> tuple[float, dict[str, float], int]:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from bulkrun.engine.core.params import EngineRequest, SamplingParams
+
+    def requests(tag):
+        return [
+            EngineRequest(f"{tag}{i}", p, SamplingParams(max_tokens=NEW_TOKENS))
+            for i, p in enumerate(prompts)
+        ]
+
+    list(engine.stream(requests("warm")))  # kernels built, pools awake
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        outputs = list(engine.stream(requests("run")))
+        wall = time.perf_counter() - t0
+    groups: dict[str, float] = defaultdict(float)
+    for event in prof.key_averages():
+        groups[GROUPS.get(event.key, "other torch ops")] += event.self_cpu_time_total / 1e6
+    return wall, dict(groups), sum(len(o.output_token_ids) for o in outputs)
+
+
+def linear_flops(cfg, tokens: int, heads: int) -> float:
+    """Matmul FLOPs of the model's linears for `tokens` tokens, `heads` of them through the LM head."""
+    per_layer = cfg.hidden_size * (cfg.num_heads * cfg.head_dim + 2 * cfg.num_kv_heads * cfg.head_dim)
+    per_layer += cfg.num_heads * cfg.head_dim * cfg.hidden_size + 3 * cfg.hidden_size * cfg.intermediate_size
+    return 2.0 * (tokens * per_layer * cfg.num_layers + heads * cfg.hidden_size * cfg.vocab_size)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--workload", choices=["prompt-heavy", "decode-heavy", "both"], default="both")
+    parser.add_argument("--no-batch-invariant", action="store_true")
+    args = parser.parse_args()
+
+    from transformers import AutoTokenizer
+
+    from bulkrun.engine.core.config import EngineConfig
+    from bulkrun.engine.load import load_engine
+    from bulkrun.model_source import resolve_model
+
+    model = str(resolve_model(None))
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    engine = load_engine(model, EngineConfig(dtype="bfloat16", batch_invariant=not args.no_batch_invariant))
+    cfg = engine.runner.model.cfg
+    gemm = matmul_gflops(n=2048, dtype=torch.bfloat16)
+    print(
+        f"box: bf16 GEMM {gemm:.0f} GFLOP/s (best of 15 at 2048^3); batch invariant: {not args.no_batch_invariant}"
+    )
+    workloads = {"prompt-heavy": (48, 50, 400), "decode-heavy": (512, 20, 80)}
+    for name, (n, lo, hi) in workloads.items():
+        if args.workload not in (name, "both"):
+            continue
+        prompts = chat_prompts(tokenizer, n, lo, hi)
+        wall, groups, generated = profile(engine, prompts)
+        prompt_tokens = sum(map(len, prompts))
+        print(
+            f"\n{name}: {n} prompts, {prompt_tokens} prompt tokens, {generated} generated, wall {wall:.2f} s"
+        )
+        accounted = sum(groups.values())
+        rows = sorted(groups.items(), key=lambda kv: -kv[1]) + [("host (no op)", max(0.0, wall - accounted))]
+        for group, seconds in rows:
+            extra = ""
+            if group == "linears":
+                rate = linear_flops(cfg, prompt_tokens + generated, generated) / seconds / 1e9
+                extra = f"  {rate:6.0f} GFLOP/s = {rate / gemm:5.1%} of the bf16 GEMM rate"
+            print(f"  {group:16s} {seconds:7.2f} s  {seconds / wall:6.1%}{extra}")
+
+
+if __name__ == "__main__":
+    main()

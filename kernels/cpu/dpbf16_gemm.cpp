@@ -1,0 +1,163 @@
+// y = x @ W^T (+ bias) in bf16 on AVX512-BF16 dot products, for CPUs without AMX (AMD Zen 4/5, Intel
+// Cooper Lake): torch.ops.bulkrun_cpu.dpbf16_gemm, with amx_gemm's weight layout and contract.
+//
+// Why our own: without it a batch invariant bf16 linear runs oneDNN in fixed 64-row tiles, which
+// streams every weight once per tile: a decode step of 256 rows read the model's weights 4 times
+// (docs/benchmarks.md). Here one call streams each weight panel once for all rows, and every output
+// row is its own sum over K in pairs, in order (one vdpbf16ps per pair of K into an fp32 lane), then
+// bias and one rounding: the same bits whatever M is and wherever the row sits.
+//
+// Layout (amx_gemm.cpp's): wp[NB][K/32][16][32] bf16; for column block nb the 16 lanes of K pair kp
+// (= 16 s + i) are the 64 bytes at wp[nb][s][i], so a block's pairs are consecutive vectors. Threads
+// own panels of kPanel column blocks; within one, rows kRows at a time, the panel staying in L2.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "vec_math.h"
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#define BULKRUN_DPBF16 1
+#include <immintrin.h>
+#endif
+
+namespace bulkrun_cpu {
+namespace {
+
+constexpr int64_t kCols = 16;  // columns per block (one fp32 vector)
+constexpr int64_t kStep = 32;  // K per packed step
+constexpr int64_t kPanel = 4;  // column blocks per panel: 4 x kRows accumulators
+constexpr int64_t kRows = 6;   // rows per pass over a panel: 24 accumulators + 4 weight vectors
+constexpr int64_t kRowChunk = 240;  // rows per sweep over all panels: their x stays in L2
+
+#ifdef BULKRUN_DPBF16
+// rows R x blocks C of y: acc[r][c] lane j = sum over K pairs of x[r] . W[16 (nb + c) + j], in order
+template <int R, int C, typename Y>
+void tile(const bf16* x, int64_t ldx, const bf16* w, int64_t block_stride, int64_t pairs, const float* bias,
+          Y* y, int64_t ldy, int64_t cols) {
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  const int32_t* xr[R];
+  for (int r = 0; r < R; ++r) xr[r] = reinterpret_cast<const int32_t*>(x + r * ldx);
+  for (int64_t kp = 0; kp < pairs; ++kp) {
+    __m512bh b[C];
+    for (int c = 0; c < C; ++c)
+      b[c] = (__m512bh)_mm512_loadu_si512(w + c * block_stride + kp * 2 * kCols);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(xr[r][kp]);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], a, b[c]);
+    }
+  }
+  for (int c = 0; c < C; ++c) {
+    const int64_t n = std::min<int64_t>(kCols, cols - c * kCols);
+    if (n <= 0) break;
+    const __mmask16 mask = static_cast<__mmask16>((1u << n) - 1);
+    const __m512 add = bias ? _mm512_loadu_ps(bias + c * kCols) : _mm512_setzero_ps();
+    for (int r = 0; r < R; ++r) {
+      const __m512 v = _mm512_add_ps(acc[r][c], add);
+      Y* dst = y + r * ldy + c * kCols;
+      if constexpr (std::is_same_v<Y, float>) {
+        _mm512_mask_storeu_ps(dst, mask, v);
+      } else {
+        const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);  // round to nearest even, as store16
+        _mm256_mask_storeu_epi16(dst, mask, h);
+      }
+    }
+  }
+}
+
+template <int C, typename Y>
+void rows_of_panel(int64_t rows, const bf16* x, int64_t ldx, const bf16* w, int64_t block_stride, int64_t pairs,
+                   const float* bias, Y* y, int64_t ldy, int64_t cols) {
+  int64_t m = 0;
+  for (; m + kRows <= rows; m += kRows)
+    tile<kRows, C>(x + m * ldx, ldx, w, block_stride, pairs, bias, y + m * ldy, ldy, cols);
+  switch (rows - m) {  // the same per-row instructions on fewer rows
+    case 1: tile<1, C>(x + m * ldx, ldx, w, block_stride, pairs, bias, y + m * ldy, ldy, cols); break;
+    case 2: tile<2, C>(x + m * ldx, ldx, w, block_stride, pairs, bias, y + m * ldy, ldy, cols); break;
+    case 3: tile<3, C>(x + m * ldx, ldx, w, block_stride, pairs, bias, y + m * ldy, ldy, cols); break;
+    case 4: tile<4, C>(x + m * ldx, ldx, w, block_stride, pairs, bias, y + m * ldy, ldy, cols); break;
+    case 5: tile<5, C>(x + m * ldx, ldx, w, block_stride, pairs, bias, y + m * ldy, ldy, cols); break;
+    default: break;
+  }
+}
+#endif
+
+template <typename Y>
+void gemm(const at::Tensor& x, const at::Tensor& wp, const float* bias, at::Tensor& y) {
+#ifdef BULKRUN_DPBF16
+  const int64_t M = x.size(0), K = x.size(1), N = y.size(1), NB = wp.size(0);
+  const bf16* xp = static_cast<const bf16*>(x.data_ptr());
+  const bf16* w = static_cast<const bf16*>(wp.data_ptr());
+  Y* yp = static_cast<Y*>(y.data_ptr());
+  const int64_t ldx = x.stride(0), ldy = y.stride(0), pairs = K / 2, block_stride = K * kCols;
+  const int64_t panels = (NB + kPanel - 1) / kPanel;
+  for (int64_t m0 = 0; m0 < M; m0 += kRowChunk) {
+    const int64_t rows = std::min(kRowChunk, M - m0);
+    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t nb = p * kPanel, n0 = nb * kCols, blocks = std::min(kPanel, NB - nb);
+        const bf16* wb = w + nb * block_stride;
+        const float* b = bias ? bias + n0 : nullptr;
+        const bf16* xs = xp + m0 * ldx;
+        Y* ys = yp + m0 * ldy + n0;
+        const int64_t cols = N - n0;
+        switch (blocks) {
+          case 4: rows_of_panel<4>(rows, xs, ldx, wb, block_stride, pairs, b, ys, ldy, cols); break;
+          case 3: rows_of_panel<3>(rows, xs, ldx, wb, block_stride, pairs, b, ys, ldy, cols); break;
+          case 2: rows_of_panel<2>(rows, xs, ldx, wb, block_stride, pairs, b, ys, ldy, cols); break;
+          default: rows_of_panel<1>(rows, xs, ldx, wb, block_stride, pairs, b, ys, ldy, cols); break;
+        }
+      }
+    });
+  }
+#else
+  TORCH_CHECK(false, "dpbf16_gemm: built without AVX512-BF16");
+#endif
+}
+
+void dpbf16_gemm(const at::Tensor& x, const at::Tensor& wp, const c10::optional<at::Tensor>& bias, at::Tensor& y) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && wp.scalar_type() == at::kBFloat16, "dpbf16_gemm takes bfloat16");
+  TORCH_CHECK(y.scalar_type() == at::kBFloat16 || y.scalar_type() == at::kFloat, "y must be bfloat16 or float32");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "x must be [M, K] with contiguous rows");
+  TORCH_CHECK(wp.dim() == 4 && wp.size(2) == kCols && wp.size(3) == kStep && wp.is_contiguous(),
+              "wp must be [NB, K/32, 16, 32], contiguous");
+  const int64_t K = x.size(1), N = y.size(1);
+  TORCH_CHECK(K % kStep == 0 && wp.size(1) * kStep == K, "x has ", K, " columns, the weight ", wp.size(1) * kStep);
+  TORCH_CHECK(y.dim() == 2 && y.size(0) == x.size(0) && y.stride(1) == 1, "y must be [M, N] with contiguous rows");
+  TORCH_CHECK(N <= wp.size(0) * kCols && N > (wp.size(0) - 1) * kCols, "y has ", N, " columns, the weight ",
+              wp.size(0), " blocks of 16");
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (has_bias)
+    TORCH_CHECK(bias->is_contiguous() && bias->scalar_type() == at::kFloat && bias->numel() == wp.size(0) * kCols,
+                "bias must be float32 padded to the column blocks");
+  const float* b = has_bias ? bias->data_ptr<float>() : nullptr;
+  if (y.scalar_type() == at::kBFloat16)
+    gemm<bf16>(x, wp, b, y);
+  else
+    gemm<float>(x, wp, b, y);
+}
+
+bool dpbf16_gemm_available() {
+#ifdef BULKRUN_DPBF16
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+}  // namespace bulkrun_cpu
+
+TORCH_LIBRARY_FRAGMENT(bulkrun_cpu, m) {
+  m.def("dpbf16_gemm(Tensor x, Tensor wp, Tensor? bias, Tensor(a!) y) -> ()");
+  m.def("dpbf16_gemm_available() -> bool", &bulkrun_cpu::dpbf16_gemm_available);
+}
+
+TORCH_LIBRARY_IMPL(bulkrun_cpu, CPU, m) { m.impl("dpbf16_gemm", &bulkrun_cpu::dpbf16_gemm); }

@@ -1,0 +1,70 @@
+"""The fixed-order bf16 GEMMs (AMX tiles, AVX512-BF16 dot products; each where the CPU has it): the
+product to bf16 accuracy, and each row's bits whatever rows share the call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bulkrun_kernels import cpu_build
+from bulkrun_kernels.cpu_gemm import amx_available, bf16_gemm, dpbf16_available, pack_amx, pad_bias
+
+G = torch.Generator().manual_seed(0)
+NATIVE = cpu_build.compiler_available() and cpu_build.load()
+KERNELS = [
+    pytest.param("amx", marks=pytest.mark.skipif(not (NATIVE and amx_available()), reason="no AMX here")),
+    pytest.param(
+        "dpbf16", marks=pytest.mark.skipif(not (NATIVE and dpbf16_available()), reason="no AVX512-BF16")
+    ),
+]
+
+
+@pytest.fixture(params=KERNELS)
+def kernel(request):
+    return request.param
+
+
+def gemm(kernel, *args):
+    return bf16_gemm(*args, kernel=kernel)
+
+
+def _case(n, k, bias):
+    w = torch.randn(n, k, generator=G).bfloat16()
+    b = torch.randn(n, generator=G) if bias else None
+    wp = pack_amx(w)
+    return w, b, wp, pad_bias(b, wp)
+
+
+@pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 1536), (49, 32), (100, 64), (3072, 576), (40, 96)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_matches_fp32_product(n, k, bias, kernel):
+    w, b, wp, bp = _case(n, k, bias)
+    x = torch.randn(37, k, generator=G).bfloat16()
+    want = x.float() @ w.float().T + (b if bias else 0)
+    got = gemm(kernel, x, wp, bp, n, torch.float32)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-3)  # fp32 output: only sum order differs
+    torch.testing.assert_close(gemm(kernel, x, wp, bp, n), want.bfloat16())
+
+
+@pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 1536)])
+def test_rows_do_not_depend_on_the_batch(n, k, kernel):
+    _, _, wp, bp = _case(n, k, True)
+    x = torch.randn(300, k, generator=G).bfloat16()
+    full = gemm(kernel, x, wp, bp, n)
+    for rows in (1, 2, 5, 6, 7, 15, 16, 17, 31, 32, 33, 100, 239, 240, 241, 299):
+        assert torch.equal(gemm(kernel, x[:rows], wp, bp, n), full[:rows]), rows
+    perm = torch.randperm(300, generator=G)
+    assert torch.equal(gemm(kernel, x[perm], wp, bp, n), full[perm])
+    strided = torch.zeros(300, k + 64, dtype=torch.bfloat16)[:, 32 : 32 + k]
+    strided.copy_(x)
+    assert torch.equal(gemm(kernel, strided, wp, bp, n), full)
+
+
+def test_rejects_bad_input(kernel):
+    _, _, wp, _ = _case(64, 64, False)
+    with pytest.raises(TypeError, match="bfloat16"):
+        gemm(kernel, torch.randn(2, 64), wp, None, 64)
+    with pytest.raises(RuntimeError, match="columns"):
+        gemm(kernel, torch.randn(2, 96).bfloat16(), wp, None, 64)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        pack_amx(torch.randn(8, 40))
