@@ -47,6 +47,8 @@ bench: install
 	$(BIN)/python bench/constrained_throughput.py
 	$(BIN)/python bench/embed_bench.py
 	$(BIN)/python bench/vllm_peer_bench.py
+	$(BIN)/python bench/engine_profile.py --cold
+	$(BIN)/python bench/model_families_bench.py
 
 lint: install
 	$(BIN)/ruff check bulkrun kernels tests bench

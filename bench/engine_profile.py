@@ -2,7 +2,7 @@
 (prompt-heavy: 48 chat prompts of 50-400 tokens; decode-heavy: 512 short tickets; 64 new tokens
 each), in-process, after a warm-up run, under torch's profiler.
 
-    python bench/engine_profile.py [--workload prompt-heavy|decode-heavy|both] [--no-batch-invariant]
+    python bench/engine_profile.py [--workload prompt-heavy|decode-heavy|both] [--no-batch-invariant] [--cold]
 
 Prints, per workload, the wall time and each op group's share of it (linears, attention, norms,
 ...), with GFLOP/s for the linears against this box's measured bf16 GEMM rate; what no op accounts
@@ -24,6 +24,7 @@ NEW_TOKENS = 64
 GROUPS = {
     "mkldnn::_linear_pointwise": "linears",
     "bulkrun_cpu::amx_gemm": "linears",
+    "bulkrun_cpu::dpbf16_gemm": "linears",
     "bulkrun_cpu::small_gemm": "linears",
     "aten::addmm": "linears",
     "aten::mm": "linears",
@@ -38,7 +39,7 @@ GROUPS = {
 }
 
 
-def profile(engine, prompts: list[list[int]]) -> tuple[float, dict[str, float], int]:
+def profile(engine, prompts: list[list[int]], cold: bool) -> tuple[float, dict[str, float], int]:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -50,7 +51,8 @@ def profile(engine, prompts: list[list[int]]) -> tuple[float, dict[str, float], 
             for i, p in enumerate(prompts)
         ]
 
-    list(engine.stream(requests("warm")))  # kernels built, pools awake
+    if not cold:  # a warm-up run first: what a long job's later steps see
+        list(engine.stream(requests("warm")))
     with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
         t0 = time.perf_counter()
         outputs = list(engine.stream(requests("run")))
@@ -74,6 +76,7 @@ def main() -> None:
     )
     parser.add_argument("--workload", choices=["prompt-heavy", "decode-heavy", "both"], default="both")
     parser.add_argument("--no-batch-invariant", action="store_true")
+    parser.add_argument("--cold", action="store_true", help="profile the first run (what a fresh job sees)")
     args = parser.parse_args()
 
     from transformers import AutoTokenizer
@@ -95,7 +98,7 @@ def main() -> None:
         if args.workload not in (name, "both"):
             continue
         prompts = chat_prompts(tokenizer, n, lo, hi)
-        wall, groups, generated = profile(engine, prompts)
+        wall, groups, generated = profile(engine, prompts, args.cold)
         prompt_tokens = sum(map(len, prompts))
         print(
             f"\n{name}: {n} prompts, {prompt_tokens} prompt tokens, {generated} generated, wall {wall:.2f} s"
