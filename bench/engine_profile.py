@@ -17,7 +17,7 @@ import time
 from collections import defaultdict
 
 import torch
-from workload import chat_prompts, matmul_gflops
+from workload import chat_prompts, matmul_gflops, matmul_params
 
 NEW_TOKENS = 64
 # op name (as the profiler records it) -> group
@@ -63,13 +63,6 @@ def profile(engine, prompts: list[list[int]], cold: bool) -> tuple[float, dict[s
     return wall, dict(groups), sum(len(o.output_token_ids) for o in outputs)
 
 
-def linear_flops(cfg, tokens: int, heads: int) -> float:
-    """Matmul FLOPs of the model's linears for `tokens` tokens, `heads` of them through the LM head."""
-    per_layer = cfg.hidden_size * (cfg.num_heads * cfg.head_dim + 2 * cfg.num_kv_heads * cfg.head_dim)
-    per_layer += cfg.num_heads * cfg.head_dim * cfg.hidden_size + 3 * cfg.hidden_size * cfg.intermediate_size
-    return 2.0 * (tokens * per_layer * cfg.num_layers + heads * cfg.hidden_size * cfg.vocab_size)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -79,7 +72,7 @@ def main() -> None:
     parser.add_argument("--cold", action="store_true", help="profile the first run (what a fresh job sees)")
     args = parser.parse_args()
 
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     from bulkrun.engine.core.config import EngineConfig
     from bulkrun.engine.load import load_engine
@@ -88,7 +81,7 @@ def main() -> None:
     model = str(resolve_model(None))
     tokenizer = AutoTokenizer.from_pretrained(model)
     engine = load_engine(model, EngineConfig(dtype="bfloat16", batch_invariant=not args.no_batch_invariant))
-    cfg = engine.runner.model.cfg
+    body_params, head_params = matmul_params(AutoConfig.from_pretrained(model))
     gemm = matmul_gflops(n=2048, dtype=torch.bfloat16)
     print(
         f"box: bf16 GEMM {gemm:.0f} GFLOP/s (best of 15 at 2048^3); batch invariant: {not args.no_batch_invariant}"
@@ -108,7 +101,9 @@ def main() -> None:
         for group, seconds in rows:
             extra = ""
             if group == "linears":
-                rate = linear_flops(cfg, prompt_tokens + generated, generated) / seconds / 1e9
+                # every token through the layers, the generated ones through the LM head
+                flops = 2.0 * ((prompt_tokens + generated) * body_params + generated * head_params)
+                rate = flops / seconds / 1e9
                 extra = f"  {rate:6.0f} GFLOP/s = {rate / gemm:5.1%} of the bf16 GEMM rate"
             print(f"  {group:16s} {seconds:7.2f} s  {seconds / wall:6.1%}{extra}")
 

@@ -81,13 +81,20 @@ def matmul_gflops(n: int = 1024, repeats: int = 15, warmup_s: float = 0.5, dtype
     return 2 * n**3 / min(times) / 1e9
 
 
-def model_flops_per_token(config, context: float) -> float:
-    """Approximate forward FLOPs for one token: 2 * matmul params + attention over `context` tokens."""
+def matmul_params(config) -> tuple[int, int]:
+    """(the decoder layers' matmul parameters, the LM head's) of a dense HF config."""
     h, layers = config.hidden_size, config.num_hidden_layers
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or h // heads
     inter = config.intermediate_size
     per_layer = h * heads * head_dim + 2 * h * kv_heads * head_dim + heads * head_dim * h + 3 * h * inter
-    params = layers * per_layer + h * config.vocab_size
-    attention = layers * 4 * heads * head_dim * context
-    return 2 * params + attention
+    return layers * per_layer, h * config.vocab_size
+
+
+def model_flops_per_token(config, context: float) -> float:
+    """Approximate forward FLOPs for one token: 2 * matmul params + attention over `context` tokens."""
+    body, head = matmul_params(config)
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    attention = config.num_hidden_layers * 4 * heads * head_dim * context
+    return 2 * (body + head) + attention

@@ -10,8 +10,6 @@ two kernels round alike but sum in their own order: a machine runs one of them, 
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 COLS, STEP = 16, 32  # columns per tile, K per tile instruction
@@ -27,7 +25,6 @@ def dpbf16_available() -> bool:
     return ops is not None and hasattr(ops, "dpbf16_gemm") and bool(ops.dpbf16_gemm_available())
 
 
-@functools.cache
 def fixed_order_bf16_kernel() -> str | None:
     """The fixed-order bf16 GEMM this CPU runs: "amx", "dpbf16" (AVX512-BF16), or None."""
     if amx_available():

@@ -75,6 +75,7 @@ class Linear(nn.Module):
         self.panel_bias: torch.Tensor | None = None
         self.tiles: torch.Tensor | None = None  # the fixed-order bf16 GEMM's layout (cpu_gemm.pack_amx)
         self.tile_bias: torch.Tensor | None = None
+        self.tile_kernel: str | None = None  # the op that runs them: "amx" or "dpbf16" (cpu_gemm)
         self.invariant = True  # every row count takes one fixed-order kernel (set_batch_invariant)
 
     @property
@@ -87,7 +88,7 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tiles is not None:
-            return bf16_gemm(x, self.tiles, self.tile_bias, self.out_features)
+            return bf16_gemm(x, self.tiles, self.tile_bias, self.out_features, kernel=self.tile_kernel)
         small = x.shape[0] <= SMALL_ROWS
         if self.panels is not None and (self.packed is None or self.invariant or small):
             return self._small_gemm(x)
@@ -124,13 +125,13 @@ class Linear(nn.Module):
         return y
 
     def pack_for_cpu(
-        self, batch_hint: int = 64, panels: bool = False, onednn: bool = True, amx: bool = False
+        self, batch_hint: int = 64, panels: bool = False, onednn: bool = True, fixed_order: str | None = None
     ) -> None:
-        """Replace the weight by its AMX tiles (bf16), or its oneDNN-blocked copy and/or its panel
-        copy (fp32 only)."""
+        """Replace the weight by the fixed-order bf16 GEMM's tiles (fixed_order: the kernel, "amx" or
+        "dpbf16"), or its oneDNN-blocked copy and/or its panel copy (fp32 only)."""
         weight = self.weight.detach()
-        if amx:
-            self.tiles = pack_amx(weight)
+        if fixed_order:
+            self.tiles, self.tile_kernel = pack_amx(weight), fixed_order
             self.tile_bias = pad_bias(self.bias, self.tiles)
             self.weight = None
             return
@@ -162,8 +163,9 @@ def set_batch_invariant(model: nn.Module, invariant: bool) -> None:
 
 def pack_linears_for_cpu(model: nn.Module, panels: bool | None = None) -> bool:
     """Prepack every Linear of a CPU model (fp32 or bf16). Batch invariant Linears (the default,
-    set_batch_invariant) take one fixed-order kernel each: AMX tiles for bf16, panels for fp32
-    (the LM head included), oneDNN in fixed row tiles where those are not built. Otherwise oneDNN,
+    set_batch_invariant) take one fixed-order kernel each: AMX tiles or AVX512-BF16 dot products for
+    bf16, panels for fp32 (the LM head included), oneDNN in fixed row tiles where those are not
+    built. Otherwise oneDNN,
     and with `panels` (fp32, the native kernels loaded; default: when the model runs on the "cpu"
     kernel backend) also small_gemm; the LM head keeps oneDNN alone (its greedy rows have their own
     screen). False when oneDNN is not usable."""
@@ -175,7 +177,7 @@ def pack_linears_for_cpu(model: nn.Module, panels: bool | None = None) -> bool:
     if any(m.weight.device.type != "cpu" or m.weight.dtype not in _PACKABLE for m in linears):
         return False
     native = panels
-    amx = native and fixed_order_bf16_kernel() is not None  # AMX tiles or AVX512-BF16 dot products
+    fixed_order = fixed_order_bf16_kernel() if native else None  # AMX tiles, AVX512-BF16 dot products
     panels = native and panel_kernel_available()
     head = getattr(model, "lm_head", None)
     body_bytes = sum(m.weight.numel() * m.weight.element_size() for m in linears if m is not head)
@@ -186,8 +188,8 @@ def pack_linears_for_cpu(model: nn.Module, panels: bool | None = None) -> bool:
     def pack(m: Linear) -> None:
         fp32 = m.weight.dtype == torch.float32
         if m.invariant:
-            if amx and not fp32 and amx_packable(m.weight):
-                return m.pack_for_cpu(amx=True)
+            if fixed_order and not fp32 and amx_packable(m.weight):
+                return m.pack_for_cpu(fixed_order=fixed_order)
             with_panels = panels and fp32
             return m.pack_for_cpu(panels=with_panels, onednn=not with_panels)
         with_panels = panels and all_fp32 and m is not head

@@ -22,6 +22,7 @@
 #include <cstring>
 #include <vector>
 
+#include "bf16_gemm_args.h"
 #include "vec_math.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__)
@@ -139,21 +140,7 @@ void gemm(const at::Tensor& x, const at::Tensor& wp, const float* bias, at::Tens
 }
 
 void amx_gemm(const at::Tensor& x, const at::Tensor& wp, const c10::optional<at::Tensor>& bias, at::Tensor& y) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && wp.scalar_type() == at::kBFloat16, "amx_gemm takes bfloat16");
-  TORCH_CHECK(y.scalar_type() == at::kBFloat16 || y.scalar_type() == at::kFloat, "y must be bfloat16 or float32");
-  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "x must be [M, K] with contiguous rows");
-  TORCH_CHECK(wp.dim() == 4 && wp.size(2) == kTileRows && wp.size(3) == kStep && wp.is_contiguous(),
-              "wp must be [NB, K/32, 16, 32], contiguous");
-  const int64_t K = x.size(1), N = y.size(1);
-  TORCH_CHECK(K % kStep == 0 && wp.size(1) * kStep == K, "x has ", K, " columns, the weight ", wp.size(1) * kStep);
-  TORCH_CHECK(y.dim() == 2 && y.size(0) == x.size(0) && y.stride(1) == 1, "y must be [M, N] with contiguous rows");
-  TORCH_CHECK(N <= wp.size(0) * kCols && N > (wp.size(0) - 1) * kCols, "y has ", N, " columns, the weight ",
-              wp.size(0), " blocks of 16");
-  const bool has_bias = bias.has_value() && bias->defined();
-  if (has_bias)
-    TORCH_CHECK(bias->is_contiguous() && bias->scalar_type() == at::kFloat && bias->numel() == wp.size(0) * kCols,
-                "bias must be float32 padded to the column blocks");
-  const float* b = has_bias ? bias->data_ptr<float>() : nullptr;
+  const float* b = check_bf16_gemm_args("amx_gemm", x, wp, bias, y);
   if (y.scalar_type() == at::kBFloat16)
     gemm<bf16>(x, wp, b, y);
   else

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "bf16_gemm_args.h"
 #include "vec_math.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
@@ -30,7 +31,6 @@ namespace bulkrun_cpu {
 namespace {
 
 constexpr int64_t kCols = 16;  // columns per block (one fp32 vector)
-constexpr int64_t kStep = 32;  // K per packed step
 constexpr int64_t kPanel = 4;  // column blocks per panel: 4 x kRows accumulators
 constexpr int64_t kRows = 6;   // rows per pass over a panel: 24 accumulators + 4 weight vectors
 constexpr int64_t kRowChunk = 240;  // rows per sweep over all panels: their x stays in L2
@@ -123,21 +123,7 @@ void gemm(const at::Tensor& x, const at::Tensor& wp, const float* bias, at::Tens
 }
 
 void dpbf16_gemm(const at::Tensor& x, const at::Tensor& wp, const c10::optional<at::Tensor>& bias, at::Tensor& y) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && wp.scalar_type() == at::kBFloat16, "dpbf16_gemm takes bfloat16");
-  TORCH_CHECK(y.scalar_type() == at::kBFloat16 || y.scalar_type() == at::kFloat, "y must be bfloat16 or float32");
-  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "x must be [M, K] with contiguous rows");
-  TORCH_CHECK(wp.dim() == 4 && wp.size(2) == kCols && wp.size(3) == kStep && wp.is_contiguous(),
-              "wp must be [NB, K/32, 16, 32], contiguous");
-  const int64_t K = x.size(1), N = y.size(1);
-  TORCH_CHECK(K % kStep == 0 && wp.size(1) * kStep == K, "x has ", K, " columns, the weight ", wp.size(1) * kStep);
-  TORCH_CHECK(y.dim() == 2 && y.size(0) == x.size(0) && y.stride(1) == 1, "y must be [M, N] with contiguous rows");
-  TORCH_CHECK(N <= wp.size(0) * kCols && N > (wp.size(0) - 1) * kCols, "y has ", N, " columns, the weight ",
-              wp.size(0), " blocks of 16");
-  const bool has_bias = bias.has_value() && bias->defined();
-  if (has_bias)
-    TORCH_CHECK(bias->is_contiguous() && bias->scalar_type() == at::kFloat && bias->numel() == wp.size(0) * kCols,
-                "bias must be float32 padded to the column blocks");
-  const float* b = has_bias ? bias->data_ptr<float>() : nullptr;
+  const float* b = check_bf16_gemm_args("dpbf16_gemm", x, wp, bias, y);
   if (y.scalar_type() == at::kBFloat16)
     gemm<bf16>(x, wp, b, y);
   else

@@ -234,3 +234,16 @@ def save_word_tokenizer(folder: Path) -> None:
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<pad>"
     )
     fast.save_pretrained(folder)
+
+
+def hf_greedy(hf, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """transformers' fp32 greedy continuation of each prompt alone, exactly new_tokens long (no EOS)."""
+    import torch
+
+    out = []
+    for ids in prompts:
+        with torch.no_grad():
+            seq = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                              max_new_tokens=new_tokens, do_sample=False, eos_token_id=None)  # fmt: skip
+        out.append(seq[0, len(ids) :].tolist())
+    return out

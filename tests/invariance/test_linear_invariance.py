@@ -30,7 +30,7 @@ PACKINGS = [
         marks=pytest.mark.skipif(not NATIVE, reason="no native kernels"),
     ),
     pytest.param(  # AMX tiles, or AVX512-BF16 dot products where there is no AMX
-        torch.bfloat16, {"amx": True}, id="bf16-fixed-order",
+        torch.bfloat16, {"fixed_order": fixed_order_bf16_kernel()}, id="bf16-fixed-order",
         marks=pytest.mark.skipif(not (NATIVE and fixed_order_bf16_kernel()), reason="no AMX nor AVX512-BF16"),
     ),
 ]  # fmt: skip

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.models import VOCAB, build_tiny_model
+from helpers.models import VOCAB, build_tiny_model, hf_greedy
 
 from bulkrun.engine.core.config import EngineConfig
 from bulkrun.engine.core.params import EngineRequest, SamplingParams
@@ -41,12 +41,7 @@ def _prompts() -> list[list[int]]:
 def family(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     hf = build_tiny_model(request.param, folder, eos_token_id=None)  # no early stop: all 64 compared
-    expected = []
-    for ids in _prompts():
-        with torch.no_grad():
-            seq = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                              max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None)  # fmt: skip
-        expected.append(seq[0, len(ids) :].tolist())
+    expected = hf_greedy(hf, _prompts(), NEW_TOKENS)
     return folder, expected
 
 

@@ -11,7 +11,7 @@ import gguf
 import pytest
 import torch
 from helpers.gguf_writer import write_gguf
-from helpers.models import VOCAB, build_tiny_model
+from helpers.models import VOCAB, build_tiny_model, hf_greedy
 
 from bulkrun.engine.core.config import EngineConfig
 from bulkrun.engine.core.params import EngineRequest, SamplingParams
@@ -85,11 +85,7 @@ def test_greedy_equals_transformers_on_the_original(family):
     requests = [EngineRequest(f"p{i}", ids, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))
                 for i, ids in enumerate(_prompts())]  # fmt: skip
     outputs = sorted(engine.stream(requests), key=lambda o: o.request_id)
-    for ids, output in zip(_prompts(), outputs, strict=True):
-        with torch.no_grad():
-            seq = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                              max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None)  # fmt: skip
-        assert output.output_token_ids == seq[0, len(ids) :].tolist()
+    assert [o.output_token_ids for o in outputs] == hf_greedy(hf, _prompts(), NEW_TOKENS)
 
 
 def test_tokenizer_keeps_the_vocabulary_and_specials(family):

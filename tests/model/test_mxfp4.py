@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 import torch
-from helpers.models import VOCAB, build_tiny_model
+from helpers.models import VOCAB, build_tiny_model, hf_greedy
 from safetensors.torch import save_file
 
 from bulkrun.engine.core.config import EngineConfig
@@ -131,12 +131,7 @@ def test_greedy_equals_transformers_on_the_mxfp4_checkpoint(checkpoint):
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (5, 21, 40)]  # past window 8
-    expected = []
-    for ids in prompts:
-        with torch.no_grad():
-            seq = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                              max_new_tokens=32, do_sample=False, eos_token_id=None)  # fmt: skip
-        expected.append(seq[0, len(ids) :].tolist())
+    expected = hf_greedy(hf, prompts, 32)
     config = EngineConfig(dtype="float32", kernels="reference", max_num_batched_tokens=24, max_num_seqs=4,
                           kv_cache_bytes=8 << 20)  # fmt: skip
     engine = load_engine(str(folder), config)
