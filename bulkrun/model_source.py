@@ -169,7 +169,10 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
 
     from bulkrun.gguf_config import complete_config, read_metadata, refusal
 
-    metadata, tensor_names = read_metadata(gguf)
+    try:
+        metadata, tensor_names = read_metadata(gguf)
+    except (ValueError, OSError, IndexError, KeyError) as exc:  # not a GGUF, or a truncated one
+        raise ModelNotFound(f"'{gguf}' is not a readable GGUF file ({exc})") from None
     if reason := refusal(metadata, tensor_names):
         raise ModelNotFound(f"GGUF '{gguf}' is not converted: {reason}")
     hf_logging.set_verbosity_error()

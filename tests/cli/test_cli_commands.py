@@ -66,6 +66,15 @@ def test_model_not_found(bulkrun, tmp_path):
     _one_clean_line(err)
 
 
+def test_a_file_that_is_not_a_gguf_is_a_model_error(bulkrun, tmp_path, monkeypatch):
+    monkeypatch.setenv("BULKRUN_CACHE_DIR", str(tmp_path / "cache"))
+    path = write_jsonl(tmp_path / "in.jsonl", texts(2))
+    (tmp_path / "broken.gguf").write_text("not a gguf")
+    code, _, err = bulkrun("generate", path, "--model", tmp_path / "broken.gguf", "--out", tmp_path / "o")
+    assert code == EXIT_MODEL and "broken.gguf" in err and "not a readable GGUF" in err
+    _one_clean_line(err)
+
+
 def test_invalid_spec_names_the_key(bulkrun, tmp_path):
     spec = tmp_path / "job.toml"
     spec.write_text('task = "generate"\ninput = "in.jsonl"\nmax_tokenz = 3\n')
