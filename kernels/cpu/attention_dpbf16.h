@@ -1,0 +1,250 @@
+// bf16 attention on AVX512-BF16 dot products, for paged_attention.cpp: every bf16 item (decode rows
+// and prompt chunks alike) where the CPU has them.
+//
+// Why: on AVX-512 FMAs in fp32 every score and every value sum costs one FMA per dim, and each key
+// is widened from bf16 first; vdpbf16ps takes bf16 pairs as they lie in the cache and does two
+// products per lane. Why one path for every item: a row's arithmetic here does not depend on how
+// many rows share its item (each score and each output lane is one chain of dot products in a fixed
+// order), so prompt chunks run many rows per item, sharing every key and value load, and stay batch
+// invariant: a token computes the same bits in a 32-token chunk as alone in a decode step.
+//
+// Per kv head of an item:
+//   keys^T  per 16-key group: [pairs][16 keys] int32 (a dim pair of 16 keys per vector, transposed
+//           from the cache in 16 x 16 blocks); a row's score for key j = scale * (the chain of
+//           head_dim / 2 dot products over the pairs, in order, into lane j from 0)
+//   softmax the fp32 rows as run_item does (mask, soft-cap, sinks, max, exp, sum)
+//   probs   the probabilities rounded to bf16, as key pairs (int32) per row
+//   values  per key pair: [16-dim block] int32 lanes (v_j[d], v_j+1[d]) (vpermt2w of two key rows);
+//           out lane d = the chain over key pairs, in order, then / the fp32 row sum
+// Keys and values past the item's last key are zeros, never the cache's unused slots. A pair or a
+// group before a row's first key or after its own position has probability exactly 0: a dot
+// product with it adds exact zeros, so a row's bits are the same whatever rows share its item.
+#pragma once
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#define BULKRUN_DPBF16_ATTENTION 1
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+namespace bulkrun_cpu {
+namespace {
+
+constexpr int kDpScoreRows = 6;    // rows per score block: 6 x 4 accumulators + 6 broadcasts
+constexpr int kDpScoreGroups = 4;  // key groups per score block (decode rows: 4 chains per row)
+
+// 16 keys (rows[j] for j < n; zeros after) of one kv head -> kt[p][j] = the key j's dim pair p
+inline void transpose_key_group(const bf16* const* rows, int64_t n, int64_t pairs, int32_t* kt) {
+  for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
+    const int64_t width = std::min<int64_t>(16, pairs - p0);
+    const __mmask16 m = static_cast<__mmask16>((1u << width) - 1);
+    F16 block[16];
+    if (n == kKeys) {  // a whole group: no per-key test, so the block stays in registers
+      for (int64_t j = 0; j < 16; ++j) block[j] = __builtin_bit_cast(F16, _mm512_maskz_loadu_epi32(m, rows[j] + 2 * p0));
+    } else {
+      for (int64_t j = 0; j < 16; ++j)
+        block[j] = j < n ? __builtin_bit_cast(F16, _mm512_maskz_loadu_epi32(m, rows[j] + 2 * p0)) : F16{};
+    }
+    transpose16(block);
+    for (int64_t p = 0; p < width; ++p) store16(reinterpret_cast<float*>(kt + (p0 + p) * 16), block[p]);
+  }
+}
+
+// The cache rows of keys key0 .. key0+n-1 (every kv head: offsets[] points at a key's whole row),
+// into L2: a decode row reads each key once, and the kv heads after the first find theirs there.
+template <typename T>
+inline void prefetch_key_rows(const T* cache, const int64_t* offsets, int64_t key0, int64_t n, int64_t row_elems) {
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t f = 0; f < row_elems; f += 64 / sizeof(T)) prefetch_l2(cache + offsets[key0 + j] + f);
+}
+
+// scores[r * stride + b] = scale * (row r . keys of group b) for R rows (q[r]: the row's dim pairs)
+// and KB transposed key groups (kt + b * pairs * 16). Each (row, group) is one chain over the pairs.
+template <int R, int KB>
+inline void score_block(const int32_t* const* q, const int32_t* kt, int64_t pairs, float scale, F16* scores,
+                        int64_t stride) {
+  __m512 acc[R][KB];
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < KB; ++b) acc[r][b] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512bh a[R];
+    for (int r = 0; r < R; ++r) a[r] = (__m512bh)_mm512_set1_epi32(q[r][p]);
+    for (int b = 0; b < KB; ++b) {
+      const __m512bh k = (__m512bh)_mm512_loadu_si512(kt + (b * pairs + p) * 16);
+      for (int r = 0; r < R; ++r) acc[r][b] = _mm512_dpbf16_ps(acc[r][b], a[r], k);
+    }
+  }
+  const __m512 s = _mm512_set1_ps(scale);
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < KB; ++b) scores[r * stride + b] = __builtin_bit_cast(F16, _mm512_mul_ps(acc[r][b], s));
+}
+
+// acc[r][c] (R rows, NV 16-dim blocks) += probability pairs . value pairs, key pairs p0 .. p1-1:
+// prob[r][p] is row r's bf16 pair p, values + p * pair_stride the pair's NV interleaved blocks.
+template <int R, int NV>
+inline void weigh_block(const int32_t* const* prob, const int32_t* values, int64_t pair_stride, int64_t p0, int64_t p1,
+                        __m512 (*acc)[NV]) {
+  for (int64_t p = p0; p < p1; ++p) {
+    __m512bh a[R];
+    for (int r = 0; r < R; ++r) a[r] = (__m512bh)_mm512_set1_epi32(prob[r][p]);
+    for (int c = 0; c < NV; ++c) {
+      const __m512bh v = (__m512bh)_mm512_loadu_si512(values + p * pair_stride + c * 16);
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], a[r], v);
+    }
+  }
+}
+
+template <int NV>
+void run_item_dpbf16(const WorkItem& w, const Geometry& g, const bf16* q, const bf16* k_cache,
+                     const bf16* v_cache, const int32_t* table, int64_t token0, int64_t new_tokens, int64_t context,
+                     bf16* out) {
+  constexpr int64_t D = NV * 16, kPairs = D / 2;
+  // value sums per weigh block: R x NV accumulators + R broadcasts + one value vector in registers
+  constexpr int kWeighRows = std::max(1, std::min(6, 24 / NV));
+  const int64_t tile = w.q_end - w.q_begin, group = g.group, rows = tile * group, heads = g.num_kv_heads;
+  const int64_t key_stride = heads * D;            // a key's row: every kv head side by side
+  const int64_t first_pos = context - new_tokens;  // position of new token 0
+  const int64_t num_keys = first_pos + w.q_end;    // the tile's last token sees keys 0 .. num_keys-1
+  const int64_t key_groups = (num_keys + kKeys - 1) / kKeys;
+  auto row_pos = [&](int64_t r) { return first_pos + w.q_begin + r / group; };  // r: row within a kv head
+  auto groups_seen = [&](int64_t r) { return row_pos(r) / kKeys + 1; };
+  auto first_group = [&](int64_t r) { return g.first_key(row_pos(r)) / kKeys; };
+  const int64_t item_first_group = first_group(0);
+  const int64_t first_key = item_first_group * kKeys, first_pair = first_key / 2, num_pairs = key_groups * kKeys / 2;
+
+  thread_local std::vector<int32_t> keys_t, probs16;
+  thread_local std::vector<__m512i> values;
+  thread_local std::vector<F16> scores;
+  thread_local std::vector<float> row_sum;
+  thread_local std::vector<const int32_t*> q_rows;
+  keys_t.resize(kDpScoreGroups * kPairs * 16);
+  values.resize(num_pairs * heads * NV);  // [pair][kv head][NV]
+  probs16.resize(heads * rows * num_pairs);
+  scores.resize(heads * rows * key_groups);  // row (kv head, r) at (kvh * rows + r) * key_groups
+  row_sum.resize(heads * rows);
+  q_rows.resize(heads * rows);
+  const int64_t* offsets = key_row_offsets(table, g.block_size, num_keys, key_stride);
+  auto key_row = [&](const bf16* cache, int64_t key, int64_t kvh) { return cache + offsets[key] + kvh * D; };
+  // keys are walked a block of groups at a time, every kv head of it together (a key's heads are one
+  // run of memory); the next block's rows go to L2 while this one computes
+  constexpr int64_t kBlockKeys = kDpScoreGroups * kKeys;
+  auto prefetch = [&](const bf16* cache, int64_t key0) {
+    if (key0 < num_keys) prefetch_key_rows(cache, offsets, key0, std::min(kBlockKeys, num_keys - key0), key_stride);
+  };
+
+  prefetch(k_cache, first_key);  // the first block, while the queries are gathered
+  for (int64_t kvh = 0; kvh < heads; ++kvh)
+    for (int64_t r = 0; r < rows; ++r)
+      q_rows[kvh * rows + r] = reinterpret_cast<const int32_t*>(
+          q + (token0 + w.q_begin + r / group) * g.q_stride_token + (kvh * group + r % group) * g.q_stride_head);
+  // pass 1: scores, kDpScoreGroups key groups at a time, masked
+  for (int64_t kg0 = item_first_group; kg0 < key_groups; kg0 += kDpScoreGroups) {
+    const int64_t nb = std::min<int64_t>(kDpScoreGroups, key_groups - kg0);
+    // rows before the first token that sees key kg0 * 16 see none of these groups
+    const int64_t r_start = std::max<int64_t>(0, kg0 * kKeys - first_pos - w.q_begin) * group;
+    for (int64_t kvh = 0; kvh < heads; ++kvh) {
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t key0 = (kg0 + b) * kKeys, n = std::min(kKeys, num_keys - key0);
+        // a block ahead (after the last key, the first values), a share of its keys per kv head: a
+        // burst of a whole block's prefetches would overflow the cache's miss queue
+        const int64_t ahead = key0 + kBlockKeys < num_keys ? key0 + kBlockKeys : first_key + key0 + kBlockKeys - num_keys;
+        const bf16* ahead_cache = key0 + kBlockKeys < num_keys ? k_cache : v_cache;
+        if (ahead < num_keys)
+          for (int64_t j = kvh; j < std::min(kKeys, num_keys - ahead); j += heads)
+            for (int64_t f = 0; f < key_stride; f += 32) prefetch_l2(ahead_cache + offsets[ahead + j] + f);
+        const bf16* rows_of_keys[kKeys];
+        for (int64_t j = 0; j < n; ++j) rows_of_keys[j] = key_row(k_cache, key0 + j, kvh);
+        transpose_key_group(rows_of_keys, n, kPairs, keys_t.data() + b * kPairs * 16);
+      }
+      for (int64_t r0 = r_start; r0 < rows; r0 += kDpScoreRows) {
+        const int64_t n_rows = std::min<int64_t>(kDpScoreRows, rows - r0);
+        const int32_t* const* qr = q_rows.data() + kvh * rows + r0;
+        F16* dst = scores.data() + (kvh * rows + r0) * key_groups + kg0;
+        with_row_count<kDpScoreRows>(n_rows, [&](auto rows_in_block) {
+          constexpr int R = decltype(rows_in_block)::value;
+          switch (nb) {
+            case 4: score_block<R, 4>(qr, keys_t.data(), kPairs, g.scale, dst, key_groups); break;
+            case 3: score_block<R, 3>(qr, keys_t.data(), kPairs, g.scale, dst, key_groups); break;
+            case 2: score_block<R, 2>(qr, keys_t.data(), kPairs, g.scale, dst, key_groups); break;
+            default: score_block<R, 1>(qr, keys_t.data(), kPairs, g.scale, dst, key_groups); break;
+          }
+        });
+      }
+      for (int64_t r = r_start; r < rows; ++r) {
+        F16* sc = scores.data() + (kvh * rows + r) * key_groups + kg0;
+        cap_scores(sc, nb, g.softcap);
+        for (int64_t b = 0; b < nb; ++b)
+          sc[b] = mask_keys(sc[b], (kg0 + b) * kKeys, g.first_key(row_pos(r)), row_pos(r));
+      }
+    }
+  }
+  // softmax in fp32, then the probabilities as bf16 key pairs (zeros outside the row's keys)
+  for (int64_t kvh = 0; kvh < heads; ++kvh)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t row = kvh * rows + r;
+      F16* sc = scores.data() + row * key_groups;
+      row_sum[row] = softmax_row(sc, first_group(r), groups_seen(r), key_groups, g.sink(kvh * group + r % group));
+      int32_t* p16 = probs16.data() + row * num_pairs;
+      for (int64_t kg = item_first_group; kg < key_groups; ++kg)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p16 + kg * kKeys / 2),
+                            (__m256i)_mm512_cvtneps_pbh(__builtin_bit_cast(__m512, sc[kg])));
+    }
+  // values: each key pair's NV blocks of 16 (v_j[d], v_j+1[d]) lanes, per kv head
+  {
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                        39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    for (int64_t p = first_pair; p < num_pairs; ++p) {
+      const int64_t a = 2 * p, b = a + 1;
+      if (a + kBlockKeys < num_keys)  // a block ahead, one key row per key
+        for (int64_t j = a + kBlockKeys; j < std::min(a + kBlockKeys + 2, num_keys); ++j)
+          for (int64_t f = 0; f < key_stride; f += 32) prefetch_l2(v_cache + offsets[j] + f);
+      __m512i* dst = values.data() + p * heads * NV;
+      if (a >= num_keys) {
+        for (int64_t c = 0; c < heads * NV; ++c) dst[c] = _mm512_setzero_si512();
+        continue;
+      }
+      for (int64_t kvh = 0; kvh < heads; ++kvh, dst += NV) {
+        const bf16* va = key_row(v_cache, a, kvh);
+        const bf16* vb = b < num_keys ? key_row(v_cache, b, kvh) : nullptr;
+        for (int c = 0; c < NV; c += 2) {
+          const __mmask32 m = c + 1 < NV ? ~__mmask32{0} : __mmask32{0xffff};
+          const __m512i x = _mm512_maskz_loadu_epi16(m, va + 16 * c);
+          const __m512i y = vb ? _mm512_maskz_loadu_epi16(m, vb + 16 * c) : _mm512_setzero_si512();
+          dst[c] = _mm512_permutex2var_epi16(x, lo, y);
+          if (c + 1 < NV) dst[c + 1] = _mm512_permutex2var_epi16(x, hi, y);
+        }
+      }
+    }
+  }
+  // pass 2: out = probs . values / row sum, kWeighRows rows per sweep over the values
+  for (int64_t kvh = 0; kvh < heads; ++kvh) {
+    const int32_t* head_values = reinterpret_cast<const int32_t*>(values.data() + kvh * NV);
+    for (int64_t r0 = 0; r0 < rows; r0 += kWeighRows) {
+      const int64_t n_rows = std::min<int64_t>(kWeighRows, rows - r0);
+      with_row_count<kWeighRows>(n_rows, [&](auto rows_in_block) {
+        constexpr int R = decltype(rows_in_block)::value;
+        const int32_t* prob[R];
+        for (int i = 0; i < R; ++i) prob[i] = probs16.data() + (kvh * rows + r0 + i) * num_pairs;
+        // the block's last row sees the most keys; the others' later pairs are zeros
+        const int64_t p1 = (row_pos(r0 + R - 1) + 2) / 2;
+        __m512 acc[R][NV];
+        for (int i = 0; i < R; ++i)
+          for (int c = 0; c < NV; ++c) acc[i][c] = _mm512_setzero_ps();
+        weigh_block<R, NV>(prob, head_values, heads * NV * 16, first_pair, p1, acc);
+        for (int i = 0; i < R; ++i) {
+          const int64_t r = r0 + i, token = w.q_begin + r / group, h = kvh * group + r % group;
+          bf16* dst = out + (token0 + token) * g.out_stride_token + h * g.out_stride_head;
+          const float inv = 1.f / row_sum[kvh * rows + r];
+          for (int c = 0; c < NV; ++c) store16(dst + 16 * c, __builtin_bit_cast(F16, acc[i][c]) * inv);
+        }
+      });
+    }
+  }
+}
+
+}  // namespace
+}  // namespace bulkrun_cpu
+#endif
