@@ -65,7 +65,12 @@ def get_ops(backend: str = "auto", device=None, batch_invariant: bool = True) ->
     if backend == "reference":
         from . import reference
 
-        return _ops_from("reference", reference)
+        ops = _ops_from("reference", reference)
+        return (
+            ops
+            if batch_invariant
+            else dataclasses.replace(ops, paged_attention=_not_invariant(ops.paged_attention))
+        )
     if backend == "cpu":
         return _cpu_ops(device, batch_invariant)
     return _triton_ops(device, batch_invariant)

@@ -47,7 +47,7 @@ def paged_attention(
     if not (supported and _native_same(q, k_cache, v_cache) and (out is None or out.dtype == q.dtype)):
         return reference.paged_attention(
             q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-            window=window, sinks=sinks, softcap=softcap, out=out, plan=plan,
+            window=window, sinks=sinks, softcap=softcap, out=out, plan=plan, batch_invariant=batch_invariant,
         )  # fmt: skip
     if out is None:
         out = torch.empty_like(q)

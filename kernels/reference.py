@@ -128,12 +128,16 @@ def paged_attention(
     softcap: float = 0.0,
     out: torch.Tensor | None = None,
     plan: AttentionPlan | None = None,
+    batch_invariant: bool = True,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new queries over its cached context (GQA). [T, Hq, D].
 
     window > 0: the query at position p sees keys max(0, p - window + 1) .. p only. sinks [Hq] fp32:
     one extra logit per head in the softmax denominator (its column then dropped). softcap > 0:
-    scores = softcap * tanh(scores / softcap) before the mask. See ATTENTION_SIGNATURE.md."""
+    scores = softcap * tanh(scores / softcap) before the mask. See ATTENTION_SIGNATURE.md.
+
+    batch_invariant: a row's bits depend on the row alone (_attend_invariant, in fp32); False: torch's
+    SDPA per decode group and chunk, whose blocking follows the step's shapes (faster)."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     group = num_q_heads // num_kv_heads
@@ -143,6 +147,8 @@ def paged_attention(
         out = torch.empty_like(q)
     plain = window <= 0 and sinks is None and softcap <= 0.0
     extras = _Extras(window, sinks, softcap, num_kv_heads, group)
+    if batch_invariant:
+        return _attend_invariant(q, k_cache, v_cache, plan, scale, extras, out)
     for g in plan.decode_groups:
         n = g.rows.numel()
         qg = q.index_select(0, g.rows).view(n, num_kv_heads, group, head_dim)
@@ -168,6 +174,100 @@ def paged_attention(
             o = extras.attend(qc, k[0].unsqueeze(1), v[0].unsqueeze(1), positions, scale)
             out[c.start : c.end] = o.permute(2, 0, 1, 3).reshape(n, num_q_heads, head_dim)
     return out
+
+
+# Keys per tile of the batch invariant attention: every product is over one tile, so its shape never
+# follows the step's (a context is padded with masked keys to whole tiles).
+KEY_TILE = 64
+ROW_SLICE = 64  # query rows per pass (bounds the [rows, Hkv, tiles, group, KEY_TILE] scores)
+
+
+def _attend_invariant(q, k_cache, v_cache, plan: AttentionPlan, scale: float, extras: _Extras, out):
+    """Every query row over its own keys with arithmetic that no other row changes: scores and value
+    sums as matmuls of fixed shape (group x D by D x KEY_TILE, group x KEY_TILE by KEY_TILE x D) per key
+    tile, tiles then added in order (a sequential cumsum: padding tiles add exact zeros), fixed-size
+    sums within a tile, and exp / tanh from plain IEEE operations (torch's own exp takes another code
+    path for the elements at a thread's chunk boundary, whose place follows the tensor's size)."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    hkv, group = extras.num_kv_heads, extras.group
+    for g in plan.decode_groups:
+        n = g.rows.numel()
+        qg = q.index_select(0, g.rows).view(n, hkv, group, head_dim)
+        k = _gather(k_cache, g.blocks, n, g.context)
+        v = _gather(v_cache, g.blocks, n, g.context)
+        o = _tiled_rows(qg, k, v, g.positions, scale, extras)
+        out.index_copy_(0, g.rows, o.reshape(n, num_q_heads, head_dim).to(out.dtype))
+    for c in plan.chunks:
+        n = c.end - c.start
+        k = _gather(k_cache, c.blocks, 1, c.context)
+        v = _gather(v_cache, c.blocks, 1, c.context)
+        qc = q[c.start : c.end].view(n, hkv, group, head_dim)
+        positions = torch.arange(c.context - n, c.context, device=q.device)
+        o = _tiled_rows(qc, k, v, positions, scale, extras)
+        out[c.start : c.end] = o.reshape(n, num_q_heads, head_dim).to(out.dtype)
+    return out
+
+
+def _tiled_rows(q, k, v, positions, scale: float, extras: _Extras) -> torch.Tensor:
+    """q [n, Hkv, group, D] over k/v [n or 1, Hkv, context, D]; positions [n]. -> [n, Hkv, group, D] fp32."""
+    n, hkv, group, head_dim = q.shape
+    tiles = -(-k.shape[2] // KEY_TILE)
+    pad = tiles * KEY_TILE - k.shape[2]
+    kt = (
+        F.pad(k.float(), (0, 0, 0, pad))
+        .view(k.shape[0], hkv, tiles, KEY_TILE, head_dim)
+        .transpose(-1, -2)
+        .contiguous()
+    )
+    vt = F.pad(v.float(), (0, 0, 0, pad)).view(v.shape[0], hkv, tiles, KEY_TILE, head_dim)
+    keys = torch.arange(tiles * KEY_TILE, device=q.device).view(tiles, 1, KEY_TILE)
+    sink = None
+    if extras.sinks is not None:
+        sink = extras.sinks.float().view(1, hkv, 1, group, 1)
+    out = torch.empty(n, hkv, group, head_dim, dtype=torch.float32, device=q.device)
+    for r0 in range(0, n, ROW_SLICE):
+        r1 = min(n, r0 + ROW_SLICE)
+        ks, vs = (kt, vt) if kt.shape[0] == 1 else (kt[r0:r1], vt[r0:r1])
+        qs = q[r0:r1].float().contiguous().unsqueeze(2)  # one layout whatever q is a view of
+        scores = torch.matmul(qs, ks) * scale  # [s, Hkv, tiles, group, KEY_TILE]
+        if extras.softcap > 0.0:
+            scores = _exact_tanh(scores / extras.softcap) * extras.softcap
+        pos = positions[r0:r1].view(-1, 1, 1, 1, 1)
+        visible = keys <= pos
+        if extras.window > 0:
+            visible = visible & (keys > pos - extras.window)
+        scores = scores.masked_fill(~visible, float("-inf"))
+        top = scores.amax(dim=(2, 4), keepdim=True)  # exact, whatever the order
+        if sink is not None:
+            top = torch.maximum(top, sink)
+        probs = _exact_exp(scores - top)  # masked keys: exactly 0
+        total = probs.sum(-1).cumsum(2)[:, :, -1]  # [s, Hkv, group]
+        sums = torch.matmul(probs, vs).cumsum(2)[:, :, -1]  # [s, Hkv, group, D]
+        if sink is not None:
+            total = total + _exact_exp(sink - top)[:, :, 0, :, 0]
+        out[r0:r1] = sums / total.unsqueeze(-1)
+    return out
+
+
+def _exact_exp(x: torch.Tensor) -> torch.Tensor:
+    """exp(x) for x <= 0 from IEEE adds and multiplies (Cephes expf, as kernels/cpu/vec_math.h), so each
+    element's bits are its own whatever path torch runs it on; below -87 exactly 0."""
+    xc = x.clamp(min=-87.0)
+    n = torch.floor(xc * 1.44269504088896341 + 0.5)
+    r = xc - n * 0.693359375
+    r = r - n * -2.12194440e-4
+    p = torch.full_like(r, 1.9875691500e-4)
+    for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+        p = p * r + c
+    y = p * r * r + r + 1.0
+    scale = ((n.to(torch.int32) + 127) << 23).view(torch.float32)
+    return torch.where(x > -87.0, y * scale, torch.zeros_like(y))
+
+
+def _exact_tanh(x: torch.Tensor) -> torch.Tensor:
+    """tanh(x) = sign(x) (1 - 2 / (e^2|x| + 1)), e^-2|x| taken by _exact_exp (no overflow)."""
+    e = _exact_exp(-2.0 * x.abs())
+    return torch.sign(x) * ((1.0 - e) / (1.0 + e))
 
 
 @dataclass(slots=True)

@@ -49,18 +49,13 @@ def _run(model_dir, prompts, order=None, **config) -> dict[int, tuple[list[int],
     return out
 
 
-# The reference attention runs torch's SDPA over each step's groups and chunks, whose blocking
-# changes with the shapes: fp32 rows then differ in the last bits (bf16 rounds them away here).
-_REFERENCE_GAP = pytest.mark.xfail(strict=True, reason="reference attention is not batch invariant yet")
-
-
 @pytest.mark.parametrize(
     ("dtype", "kernels"),
     [
         ("bfloat16", "cpu"),
         ("float32", "cpu"),
         ("bfloat16", "reference"),
-        pytest.param("float32", "reference", marks=_REFERENCE_GAP),
+        ("float32", "reference"),
     ],
 )
 def test_same_bits_in_any_batch(model_dir, dtype, kernels):
