@@ -1,24 +1,24 @@
-// bf16 attention on AVX512-BF16 dot products, for paged_attention.cpp: every bf16 item (decode rows
-// and prompt chunks alike) where the CPU has them.
+// bf16 attention with scores on AVX512-BF16 dot products, for paged_attention.cpp: every bf16 item
+// (decode rows and prompt chunks alike) where the CPU has them.
 //
-// Why: on AVX-512 FMAs in fp32 every score and every value sum costs one FMA per dim, and each key
-// is widened from bf16 first; vdpbf16ps takes bf16 pairs as they lie in the cache and does two
-// products per lane. Why one path for every item: a row's arithmetic here does not depend on how
-// many rows share its item (each score and each output lane is one chain of dot products in a fixed
-// order), so prompt chunks run many rows per item, sharing every key and value load, and stay batch
-// invariant: a token computes the same bits in a 32-token chunk as alone in a decode step.
+// Why: with fp32 FMAs every score costs one FMA per dim, and each key is widened from bf16 first;
+// vdpbf16ps takes bf16 pairs as they lie in the cache and does two products per lane. Why one path
+// for every item: a row's arithmetic here does not depend on how many rows share its item (each
+// score and each output lane is one chain in a fixed order), so prompt chunks run many rows per item,
+// sharing every key and value load, and stay batch invariant: a token computes the same bits in a
+// 32-token chunk as alone in a decode step.
 //
-// Per kv head of an item:
+// Per item (kv heads side by side: a key's heads are one run of memory):
 //   keys^T  per 16-key group: [pairs][16 keys] int32 (a dim pair of 16 keys per vector, transposed
 //           from the cache in 16 x 16 blocks); a row's score for key j = scale * (the chain of
 //           head_dim / 2 dot products over the pairs, in order, into lane j from 0)
 //   softmax the fp32 rows as run_item does (mask, soft-cap, sinks, max, exp, sum)
-//   probs   the probabilities rounded to bf16, as key pairs (int32) per row
-//   values  per key pair: [16-dim block] int32 lanes (v_j[d], v_j+1[d]) (vpermt2w of two key rows);
-//           out lane d = the chain over key pairs, in order, then / the fp32 row sum
-// Keys and values past the item's last key are zeros, never the cache's unused slots. A pair or a
-// group before a row's first key or after its own position has probability exactly 0: a dot
-// product with it adds exact zeros, so a row's bits are the same whatever rows share its item.
+//   values  widened to fp32 once per item; out lane d = the chain of fp32 FMAs p_j v_j[d] over the
+//           keys in order, then / the row sum. (The probabilities stay fp32: rounding them to bf16
+//           for a dot product cost greedy outputs identical to fp32's, bench/precision_bench.py.)
+// Keys and values past the item's last key are never read (the transposed keys there are zeros). A
+// key before a row's first or after its own position has probability exactly 0: an FMA with it adds
+// an exact zero, so a row's bits are the same whatever rows share its item.
 #pragma once
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
@@ -61,37 +61,46 @@ inline void prefetch_key_rows(const T* cache, const int64_t* offsets, int64_t ke
 }
 
 // scores[r * stride + b] = scale * (row r . keys of group b) for R rows (q[r]: the row's dim pairs)
-// and KB transposed key groups (kt + b * pairs * 16). Each (row, group) is one chain over the pairs.
+// and KB transposed key groups (kt + b * pairs * 16). Each (row, group) sums its pairs in kChains
+// interleaved chains (pair p into chain p % kChains, in order), then adds the chains as a tree:
+// shorter chains round less than one of head_dim / 2 steps, and keep more dot products in flight.
+constexpr int kChains = 4;
 template <int R, int KB>
 inline void score_block(const int32_t* const* q, const int32_t* kt, int64_t pairs, float scale, F16* scores,
                         int64_t stride) {
-  __m512 acc[R][KB];
+  __m512 acc[R][KB][kChains];
   for (int r = 0; r < R; ++r)
-    for (int b = 0; b < KB; ++b) acc[r][b] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < pairs; ++p) {
-    __m512bh a[R];
-    for (int r = 0; r < R; ++r) a[r] = (__m512bh)_mm512_set1_epi32(q[r][p]);
-    for (int b = 0; b < KB; ++b) {
-      const __m512bh k = (__m512bh)_mm512_loadu_si512(kt + (b * pairs + p) * 16);
-      for (int r = 0; r < R; ++r) acc[r][b] = _mm512_dpbf16_ps(acc[r][b], a[r], k);
+    for (int b = 0; b < KB; ++b)
+      for (int c = 0; c < kChains; ++c) acc[r][b][c] = _mm512_setzero_ps();
+  for (int64_t p0 = 0; p0 < pairs; p0 += kChains)  // pairs is a multiple of 8
+    for (int c = 0; c < kChains; ++c) {
+      const int64_t p = p0 + c;
+      __m512bh a[R];
+      for (int r = 0; r < R; ++r) a[r] = (__m512bh)_mm512_set1_epi32(q[r][p]);
+      for (int b = 0; b < KB; ++b) {
+        const __m512bh k = (__m512bh)_mm512_loadu_si512(kt + (b * pairs + p) * 16);
+        for (int r = 0; r < R; ++r) acc[r][b][c] = _mm512_dpbf16_ps(acc[r][b][c], a[r], k);
+      }
     }
-  }
   const __m512 s = _mm512_set1_ps(scale);
   for (int r = 0; r < R; ++r)
-    for (int b = 0; b < KB; ++b) scores[r * stride + b] = __builtin_bit_cast(F16, _mm512_mul_ps(acc[r][b], s));
+    for (int b = 0; b < KB; ++b) {
+      const __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[r][b][0], acc[r][b][1]), _mm512_add_ps(acc[r][b][2], acc[r][b][3]));
+      scores[r * stride + b] = __builtin_bit_cast(F16, _mm512_mul_ps(sum, s));
+    }
 }
 
-// acc[r][c] (R rows, NV 16-dim blocks) += probability pairs . value pairs, key pairs p0 .. p1-1:
-// prob[r][p] is row r's bf16 pair p, values + p * pair_stride the pair's NV interleaved blocks.
+// acc[r][c] (R rows, NV 16-dim blocks) += p[r][j] * values[j] for keys j = k0 .. k1-1, in order:
+// prob[r] is row r's fp32 probabilities by key, values + j * key_stride key j's NV fp32 blocks.
 template <int R, int NV>
-inline void weigh_block(const int32_t* const* prob, const int32_t* values, int64_t pair_stride, int64_t p0, int64_t p1,
+inline void weigh_block(const float* const* prob, const float* values, int64_t key_stride, int64_t k0, int64_t k1,
                         __m512 (*acc)[NV]) {
-  for (int64_t p = p0; p < p1; ++p) {
-    __m512bh a[R];
-    for (int r = 0; r < R; ++r) a[r] = (__m512bh)_mm512_set1_epi32(prob[r][p]);
+  for (int64_t j = k0; j < k1; ++j) {
+    __m512 a[R];
+    for (int r = 0; r < R; ++r) a[r] = _mm512_set1_ps(prob[r][j]);
     for (int c = 0; c < NV; ++c) {
-      const __m512bh v = (__m512bh)_mm512_loadu_si512(values + p * pair_stride + c * 16);
-      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], a[r], v);
+      const __m512 v = _mm512_loadu_ps(values + j * key_stride + c * 16);
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(a[r], v, acc[r][c]);
     }
   }
 }
@@ -112,16 +121,15 @@ void run_item_dpbf16(const WorkItem& w, const Geometry& g, const bf16* q, const 
   auto groups_seen = [&](int64_t r) { return row_pos(r) / kKeys + 1; };
   auto first_group = [&](int64_t r) { return g.first_key(row_pos(r)) / kKeys; };
   const int64_t item_first_group = first_group(0);
-  const int64_t first_key = item_first_group * kKeys, first_pair = first_key / 2, num_pairs = key_groups * kKeys / 2;
+  const int64_t first_key = item_first_group * kKeys;
 
-  thread_local std::vector<int32_t> keys_t, probs16;
-  thread_local std::vector<__m512i> values;
+  thread_local std::vector<int32_t> keys_t;
+  thread_local std::vector<float> values;
   thread_local std::vector<F16> scores;
   thread_local std::vector<float> row_sum;
   thread_local std::vector<const int32_t*> q_rows;
   keys_t.resize(kDpScoreGroups * kPairs * 16);
-  values.resize(num_pairs * heads * NV);  // [pair][kv head][NV]
-  probs16.resize(heads * rows * num_pairs);
+  values.resize(num_keys * key_stride);  // [key][kv head][D] fp32
   scores.resize(heads * rows * key_groups);  // row (kv head, r) at (kvh * rows + r) * key_groups
   row_sum.resize(heads * rows);
   q_rows.resize(heads * rows);
@@ -164,12 +172,13 @@ void run_item_dpbf16(const WorkItem& w, const Geometry& g, const bf16* q, const 
         F16* dst = scores.data() + (kvh * rows + r0) * key_groups + kg0;
         with_row_count<kDpScoreRows>(n_rows, [&](auto rows_in_block) {
           constexpr int R = decltype(rows_in_block)::value;
-          switch (nb) {
-            case 4: score_block<R, 4>(qr, keys_t.data(), kPairs, g.scale, dst, key_groups); break;
-            case 3: score_block<R, 3>(qr, keys_t.data(), kPairs, g.scale, dst, key_groups); break;
-            case 2: score_block<R, 2>(qr, keys_t.data(), kPairs, g.scale, dst, key_groups); break;
-            default: score_block<R, 1>(qr, keys_t.data(), kPairs, g.scale, dst, key_groups); break;
-          }
+          // R x KB x kChains accumulators: at most 24 in registers
+          constexpr int KB = R >= 4 ? 1 : R >= 2 ? 2 : 4;
+          int64_t b = 0;
+          for (; b + KB <= nb; b += KB)
+            score_block<R, KB>(qr, keys_t.data() + b * kPairs * 16, kPairs, g.scale, dst + b, key_groups);
+          for (; b < nb; ++b)
+            score_block<R, 1>(qr, keys_t.data() + b * kPairs * 16, kPairs, g.scale, dst + b, key_groups);
         });
       }
       for (int64_t r = r_start; r < rows; ++r) {
@@ -180,60 +189,36 @@ void run_item_dpbf16(const WorkItem& w, const Geometry& g, const bf16* q, const 
       }
     }
   }
-  // softmax in fp32, then the probabilities as bf16 key pairs (zeros outside the row's keys)
+  // softmax in fp32, in place (zeros outside the row's keys)
   for (int64_t kvh = 0; kvh < heads; ++kvh)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t row = kvh * rows + r;
-      F16* sc = scores.data() + row * key_groups;
-      row_sum[row] = softmax_row(sc, first_group(r), groups_seen(r), key_groups, g.sink(kvh * group + r % group));
-      int32_t* p16 = probs16.data() + row * num_pairs;
-      for (int64_t kg = item_first_group; kg < key_groups; ++kg)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p16 + kg * kKeys / 2),
-                            (__m256i)_mm512_cvtneps_pbh(__builtin_bit_cast(__m512, sc[kg])));
+      row_sum[row] = softmax_row(scores.data() + row * key_groups, first_group(r), groups_seen(r), key_groups,
+                                 g.sink(kvh * group + r % group));
     }
-  // values: each key pair's NV blocks of 16 (v_j[d], v_j+1[d]) lanes, per kv head
-  {
-    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
-                                        39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
-    for (int64_t p = first_pair; p < num_pairs; ++p) {
-      const int64_t a = 2 * p, b = a + 1;
-      if (a + kBlockKeys < num_keys)  // a block ahead, one key row per key
-        for (int64_t j = a + kBlockKeys; j < std::min(a + kBlockKeys + 2, num_keys); ++j)
-          for (int64_t f = 0; f < key_stride; f += 32) prefetch_l2(v_cache + offsets[j] + f);
-      __m512i* dst = values.data() + p * heads * NV;
-      if (a >= num_keys) {
-        for (int64_t c = 0; c < heads * NV; ++c) dst[c] = _mm512_setzero_si512();
-        continue;
-      }
-      for (int64_t kvh = 0; kvh < heads; ++kvh, dst += NV) {
-        const bf16* va = key_row(v_cache, a, kvh);
-        const bf16* vb = b < num_keys ? key_row(v_cache, b, kvh) : nullptr;
-        for (int c = 0; c < NV; c += 2) {
-          const __mmask32 m = c + 1 < NV ? ~__mmask32{0} : __mmask32{0xffff};
-          const __m512i x = _mm512_maskz_loadu_epi16(m, va + 16 * c);
-          const __m512i y = vb ? _mm512_maskz_loadu_epi16(m, vb + 16 * c) : _mm512_setzero_si512();
-          dst[c] = _mm512_permutex2var_epi16(x, lo, y);
-          if (c + 1 < NV) dst[c + 1] = _mm512_permutex2var_epi16(x, hi, y);
-        }
-      }
-    }
+  // values: widened to fp32, every kv head of a key together
+  for (int64_t j = first_key; j < num_keys; ++j) {
+    if ((j - first_key) % 2 == 0 && j + kBlockKeys < num_keys)  // a block ahead, one key row per key
+      for (int64_t f = 0; f < key_stride; f += 32) prefetch_l2(v_cache + offsets[j + kBlockKeys] + f);
+    const bf16* src = v_cache + offsets[j];
+    float* dst = values.data() + j * key_stride;
+    for (int64_t c = 0; c < key_stride; c += 16) store16(dst + c, load16(src + c));
   }
   // pass 2: out = probs . values / row sum, kWeighRows rows per sweep over the values
   for (int64_t kvh = 0; kvh < heads; ++kvh) {
-    const int32_t* head_values = reinterpret_cast<const int32_t*>(values.data() + kvh * NV);
+    const float* head_values = values.data() + kvh * D;
     for (int64_t r0 = 0; r0 < rows; r0 += kWeighRows) {
       const int64_t n_rows = std::min<int64_t>(kWeighRows, rows - r0);
       with_row_count<kWeighRows>(n_rows, [&](auto rows_in_block) {
         constexpr int R = decltype(rows_in_block)::value;
-        const int32_t* prob[R];
-        for (int i = 0; i < R; ++i) prob[i] = probs16.data() + (kvh * rows + r0 + i) * num_pairs;
-        // the block's last row sees the most keys; the others' later pairs are zeros
-        const int64_t p1 = (row_pos(r0 + R - 1) + 2) / 2;
+        const float* prob[R];
+        for (int i = 0; i < R; ++i) prob[i] = reinterpret_cast<const float*>(scores.data() + (kvh * rows + r0 + i) * key_groups);
+        // the block's last row sees the most keys; the others' later keys have probability 0
+        const int64_t k1 = row_pos(r0 + R - 1) + 1;
         __m512 acc[R][NV];
         for (int i = 0; i < R; ++i)
           for (int c = 0; c < NV; ++c) acc[i][c] = _mm512_setzero_ps();
-        weigh_block<R, NV>(prob, head_values, heads * NV * 16, first_pair, p1, acc);
+        weigh_block<R, NV>(prob, head_values, key_stride, first_key, k1, acc);
         for (int i = 0; i < R; ++i) {
           const int64_t r = r0 + i, token = w.q_begin + r / group, h = kvh * group + r % group;
           bf16* dst = out + (token0 + token) * g.out_stride_token + h * g.out_stride_head;
