@@ -105,6 +105,24 @@ inline void weigh_block(const float* const* prob, const float* values, int64_t k
   }
 }
 
+// weigh_block straight from the cache (bf16 rows, widened on the fly): for an item of one row block,
+// whose values are read once, instead of widened into a buffer first. The same products and sums.
+template <int R, int NV>
+inline void weigh_block_cache(const float* const* prob, const bf16* v_cache, const int64_t* offsets, int64_t head,
+                              int64_t k0, int64_t k1, __m512 (*acc)[NV]) {
+  for (int64_t j = k0; j < k1; ++j) {
+    if (j + kL1Ahead < k1)
+      for (int c = 0; c < NV; c += kVectorsPerLine<bf16>) prefetch_l1(v_cache + offsets[j + kL1Ahead] + head + 16 * c);
+    const bf16* row = v_cache + offsets[j] + head;
+    __m512 a[R];
+    for (int r = 0; r < R; ++r) a[r] = _mm512_set1_ps(prob[r][j]);
+    for (int c = 0; c < NV; ++c) {
+      const __m512 v = __builtin_bit_cast(__m512, load16(row + 16 * c));
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(a[r], v, acc[r][c]);
+    }
+  }
+}
+
 template <int NV>
 void run_item_dpbf16(const WorkItem& w, const Geometry& g, const bf16* q, const bf16* k_cache,
                      const bf16* v_cache, const int32_t* table, int64_t token0, int64_t new_tokens, int64_t context,
@@ -196,8 +214,10 @@ void run_item_dpbf16(const WorkItem& w, const Geometry& g, const bf16* q, const 
       row_sum[row] = softmax_row(scores.data() + row * key_groups, first_group(r), groups_seen(r), key_groups,
                                  g.sink(kvh * group + r % group));
     }
-  // values: widened to fp32, every kv head of a key together
-  for (int64_t j = first_key; j < num_keys; ++j) {
+  // values: widened to fp32, every kv head of a key together (an item of one row block reads them
+  // from the cache instead)
+  const bool one_block = rows <= kWeighRows;
+  for (int64_t j = first_key; j < (one_block ? first_key : num_keys); ++j) {
     if ((j - first_key) % 2 == 0 && j + kBlockKeys < num_keys)  // a block ahead, one key row per key
       for (int64_t f = 0; f < key_stride; f += 32) prefetch_l2(v_cache + offsets[j + kBlockKeys] + f);
     const bf16* src = v_cache + offsets[j];
@@ -218,7 +238,10 @@ void run_item_dpbf16(const WorkItem& w, const Geometry& g, const bf16* q, const 
         __m512 acc[R][NV];
         for (int i = 0; i < R; ++i)
           for (int c = 0; c < NV; ++c) acc[i][c] = _mm512_setzero_ps();
-        weigh_block<R, NV>(prob, head_values, key_stride, first_key, k1, acc);
+        if (one_block)
+          weigh_block_cache<R, NV>(prob, v_cache, offsets, kvh * D, first_key, k1, acc);
+        else
+          weigh_block<R, NV>(prob, head_values, key_stride, first_key, k1, acc);
         for (int i = 0; i < R; ++i) {
           const int64_t r = r0 + i, token = w.q_begin + r / group, h = kvh * group + r % group;
           bf16* dst = out + (token0 + token) * g.out_stride_token + h * g.out_stride_head;
