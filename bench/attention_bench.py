@@ -2,9 +2,10 @@
 head_dim 64): prompt chunks and decode batches, bf16 batch invariant and not, fp32, against the
 reference (torch SDPA per chunk and decode group, fp32 math).
 
-    python bench/attention_bench.py [--library path/to/bulkrun_cpu.so]
+    python bench/attention_bench.py
+    BULKRUN_CPU_LIBRARY=path/to/bulkrun_cpu.so python bench/attention_bench.py
 
---library loads another build of the native kernels (e.g. one of an older source, from
+BULKRUN_CPU_LIBRARY loads another build of the native kernels (e.g. one of an older source, from
 $BULKRUN_CACHE_DIR/kernels/<key>/) to compare kernels on the same machine. Medians of 15 calls;
 GFLOP/s count the causal score and value products (4 * keys * heads * head_dim per query row).
 """
@@ -61,16 +62,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--library", help="a built bulkrun_cpu.so to load instead of this source's")
-    args = parser.parse_args()
-    if args.library:
-        torch.ops.load_library(args.library)
-    else:
-        from bulkrun_kernels import cpu_build
+    parser.parse_args()
+    from bulkrun_kernels import cpu_build, reference
 
-        if not cpu_build.load():
-            raise SystemExit(f"no native kernels: {cpu_build.load_error()}")
-    from bulkrun_kernels import reference
+    if not cpu_build.load():
+        raise SystemExit(f"no native kernels: {cpu_build.load_error()}")
 
     print(
         f"{'shape':18s} {'bf16 invariant':>16s} {'bf16 not inv.':>16s} {'fp32 invariant':>16s} {'reference':>16s}"

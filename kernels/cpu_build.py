@@ -63,7 +63,10 @@ def cache_root() -> Path:
 
 
 def build() -> Path:
-    """The path of the built library, compiling it first when this machine has none yet."""
+    """The path of the built library, compiling it first when this machine has none yet.
+    $BULKRUN_CPU_LIBRARY names another build to load instead (A/B measurements of two sources)."""
+    if os.environ.get("BULKRUN_CPU_LIBRARY"):
+        return Path(os.environ["BULKRUN_CPU_LIBRARY"])
     target_dir = cache_root() / _build_key()
     target = target_dir / LIBRARY
     if target.exists():

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from bulkrun_kernels import cpu_build, get_ops
 
 
@@ -39,3 +41,11 @@ def test_without_a_compiler_auto_falls_back_and_cpu_names_the_reason(tmp_path):
     assert lines[0] == "reference"
     assert lines[1].startswith("refused: kernel backend 'cpu' could not be built here: no C++ compiler")
     assert "using the PyTorch reference kernels" in done.stderr  # logged once, as a warning
+
+
+def test_another_build_can_be_named(monkeypatch, tmp_path):
+    """BULKRUN_CPU_LIBRARY loads the named build as it is (A/B runs of two sources), compiling nothing."""
+    library = tmp_path / "other" / "bulkrun_cpu.so"
+    monkeypatch.setenv("BULKRUN_CPU_LIBRARY", str(library))
+    monkeypatch.setattr(cpu_build, "_compile", lambda *a: pytest.fail("compiled"))
+    assert cpu_build.build() == library
