@@ -147,14 +147,14 @@ def paged_attention(
         out = torch.empty_like(q)
     plain = window <= 0 and sinks is None and softcap <= 0.0
     extras = _Extras(window, sinks, softcap, num_kv_heads, group)
-    if batch_invariant:
-        return _attend_invariant(q, k_cache, v_cache, plan, scale, extras, out)
     for g in plan.decode_groups:
         n = g.rows.numel()
         qg = q.index_select(0, g.rows).view(n, num_kv_heads, group, head_dim)
         k = _gather(k_cache, g.blocks, n, g.context)
         v = _gather(v_cache, g.blocks, n, g.context)
-        if plain:
+        if batch_invariant:
+            o = _tiled_rows(qg, k, v, g.positions, scale, extras).to(out.dtype)
+        elif plain:
             o = _sdpa(qg, k, v, g.mask, scale=scale)
         else:  # q [n, Hkv, group, 1, D] against k [n, Hkv, 1, context, D]
             positions = g.positions.view(n, 1, 1, 1, 1)
@@ -163,12 +163,17 @@ def paged_attention(
     for c in plan.chunks:
         k = _gather(k_cache, c.blocks, 1, c.context)
         v = _gather(v_cache, c.blocks, 1, c.context)
-        if plain:
+        n = c.end - c.start
+        if batch_invariant:
+            qc = q[c.start : c.end].view(n, num_kv_heads, group, head_dim)
+            positions = torch.arange(c.context - n, c.context, device=q.device)
+            o = _tiled_rows(qc, k, v, positions, scale, extras)
+            out[c.start : c.end] = o.reshape(n, num_q_heads, head_dim)
+        elif plain:
             qc = q[c.start : c.end].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
             o = _sdpa(qc, k, v, c.mask, is_causal=c.mask is None, scale=scale, enable_gqa=group > 1)
             out[c.start : c.end] = o[0].transpose(0, 1)
         else:  # q [Hkv, group, n, D] against k [Hkv, 1, context, D]
-            n = c.end - c.start
             qc = q[c.start : c.end].view(n, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
             positions = torch.arange(c.context - n, c.context, device=q.device)[:, None]
             o = extras.attend(qc, k[0].unsqueeze(1), v[0].unsqueeze(1), positions, scale)
@@ -182,34 +187,14 @@ KEY_TILE = 64
 ROW_SLICE = 64  # query rows per pass (bounds the [rows, Hkv, tiles, group, KEY_TILE] scores)
 
 
-def _attend_invariant(q, k_cache, v_cache, plan: AttentionPlan, scale: float, extras: _Extras, out):
-    """Every query row over its own keys with arithmetic that no other row changes: scores and value
-    sums as matmuls of fixed shape (group x D by D x KEY_TILE, group x KEY_TILE by KEY_TILE x D) per key
-    tile, tiles then added in order (a sequential cumsum: padding tiles add exact zeros), fixed-size
-    sums within a tile, and exp / tanh from plain IEEE operations (torch's own exp takes another code
-    path for the elements at a thread's chunk boundary, whose place follows the tensor's size)."""
-    num_tokens, num_q_heads, head_dim = q.shape
-    hkv, group = extras.num_kv_heads, extras.group
-    for g in plan.decode_groups:
-        n = g.rows.numel()
-        qg = q.index_select(0, g.rows).view(n, hkv, group, head_dim)
-        k = _gather(k_cache, g.blocks, n, g.context)
-        v = _gather(v_cache, g.blocks, n, g.context)
-        o = _tiled_rows(qg, k, v, g.positions, scale, extras)
-        out.index_copy_(0, g.rows, o.reshape(n, num_q_heads, head_dim).to(out.dtype))
-    for c in plan.chunks:
-        n = c.end - c.start
-        k = _gather(k_cache, c.blocks, 1, c.context)
-        v = _gather(v_cache, c.blocks, 1, c.context)
-        qc = q[c.start : c.end].view(n, hkv, group, head_dim)
-        positions = torch.arange(c.context - n, c.context, device=q.device)
-        o = _tiled_rows(qc, k, v, positions, scale, extras)
-        out[c.start : c.end] = o.reshape(n, num_q_heads, head_dim).to(out.dtype)
-    return out
-
-
 def _tiled_rows(q, k, v, positions, scale: float, extras: _Extras) -> torch.Tensor:
-    """q [n, Hkv, group, D] over k/v [n or 1, Hkv, context, D]; positions [n]. -> [n, Hkv, group, D] fp32."""
+    """The batch invariant attention: q [n, Hkv, group, D] over k/v [n or 1, Hkv, context, D];
+    positions [n] -> [n, Hkv, group, D] fp32. Every row over its own keys with arithmetic no other row
+    changes: scores and value sums as matmuls of fixed shape (group x D by D x KEY_TILE, group x
+    KEY_TILE by KEY_TILE x D) per key tile, tiles then added in order (a sequential cumsum: padding
+    tiles add exact zeros), fixed-size sums within a tile, and exp / tanh from plain IEEE operations
+    (torch's own exp takes another code path for the elements at a thread's chunk boundary, whose
+    place follows the tensor's size)."""
     n, hkv, group, head_dim = q.shape
     tiles = -(-k.shape[2] // KEY_TILE)
     pad = tiles * KEY_TILE - k.shape[2]
@@ -232,11 +217,9 @@ def _tiled_rows(q, k, v, positions, scale: float, extras: _Extras) -> torch.Tens
         scores = torch.matmul(qs, ks) * scale  # [s, Hkv, tiles, group, KEY_TILE]
         if extras.softcap > 0.0:
             scores = _exact_tanh(scores / extras.softcap) * extras.softcap
-        pos = positions[r0:r1].view(-1, 1, 1, 1, 1)
-        visible = keys <= pos
-        if extras.window > 0:
-            visible = visible & (keys > pos - extras.window)
-        scores = scores.masked_fill(~visible, float("-inf"))
+        scores = scores.masked_fill(
+            ~extras.visible(keys, positions[r0:r1].view(-1, 1, 1, 1, 1)), float("-inf")
+        )
         top = scores.amax(dim=(2, 4), keepdim=True)  # exact, whatever the order
         if sink is not None:
             top = torch.maximum(top, sink)
@@ -265,7 +248,7 @@ def _exact_exp(x: torch.Tensor) -> torch.Tensor:
 
 
 def _exact_tanh(x: torch.Tensor) -> torch.Tensor:
-    """tanh(x) = sign(x) (1 - 2 / (e^2|x| + 1)), e^-2|x| taken by _exact_exp (no overflow)."""
+    """tanh(x) = sign(x) (1 - e) / (1 + e) with e = e^-2|x| from _exact_exp (no overflow)."""
     e = _exact_exp(-2.0 * x.abs())
     return torch.sign(x) * ((1.0 - e) / (1.0 + e))
 
@@ -280,6 +263,11 @@ class _Extras:
     num_kv_heads: int
     group: int
 
+    def visible(self, keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Which keys a query at each position sees: causal, and within the window if there is one."""
+        seen = keys <= positions
+        return seen & (keys > positions - self.window) if self.window > 0 else seen
+
     def attend(self, q, k, v, positions, scale) -> torch.Tensor:
         """q [..., Hkv, group, n, D] x k/v [..., Hkv, 1, context, D]; positions broadcast to the
         scores' [..., n, 1] (each query row's position). Returns q's shape, in q's dtype."""
@@ -287,10 +275,7 @@ class _Extras:
         if self.softcap > 0.0:
             scores = torch.tanh(scores / self.softcap) * self.softcap
         keys = torch.arange(k.shape[-2], device=q.device)
-        visible = keys <= positions
-        if self.window > 0:
-            visible = visible & (keys > positions - self.window)
-        scores = scores.masked_fill(~visible, float("-inf"))
+        scores = scores.masked_fill(~self.visible(keys, positions), float("-inf"))
         if self.sinks is not None:
             sink = self.sinks.float().view(self.num_kv_heads, self.group, 1, 1)
             scores = torch.cat((scores, sink.expand(*scores.shape[:-1], 1)), dim=-1)

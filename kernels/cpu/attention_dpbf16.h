@@ -26,14 +26,13 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 namespace bulkrun_cpu {
 namespace {
 
 constexpr int kDpScoreRows = 6;    // rows per score block: 6 x 4 accumulators + 6 broadcasts
-constexpr int kDpScoreGroups = 4;  // key groups per score block (decode rows: 4 chains per row)
+constexpr int kDpScoreGroups = 4;  // key groups transposed together (a decode row scores several at once)
 
 // 16 keys (rows[j] for j < n; zeros after) of one kv head -> kt[p][j] = the key j's dim pair p
 inline void transpose_key_group(const bf16* const* rows, int64_t n, int64_t pairs, int32_t* kt) {
@@ -52,11 +51,13 @@ inline void transpose_key_group(const bf16* const* rows, int64_t n, int64_t pair
   }
 }
 
-// The cache rows of keys key0 .. key0+n-1 (every kv head: offsets[] points at a key's whole row),
-// into L2: a decode row reads each key once, and the kv heads after the first find theirs there.
+// The cache rows of keys key0 + first, + first + step, ... below key0 + n (every kv head: offsets[]
+// points at a key's whole row), into L2: a decode row reads each key once, and the kv heads after
+// the first find theirs there.
 template <typename T>
-inline void prefetch_key_rows(const T* cache, const int64_t* offsets, int64_t key0, int64_t n, int64_t row_elems) {
-  for (int64_t j = 0; j < n; ++j)
+inline void prefetch_key_rows(const T* cache, const int64_t* offsets, int64_t key0, int64_t n, int64_t row_elems,
+                              int64_t first = 0, int64_t step = 1) {
+  for (int64_t j = first; j < n; j += step)
     for (int64_t f = 0; f < row_elems; f += 64 / sizeof(T)) prefetch_l2(cache + offsets[key0 + j] + f);
 }
 
@@ -178,8 +179,7 @@ void run_item_dpbf16(const WorkItem& w, const Geometry& g, const bf16* q, const 
         const int64_t ahead = key0 + kBlockKeys < num_keys ? key0 + kBlockKeys : first_key + key0 + kBlockKeys - num_keys;
         const bf16* ahead_cache = key0 + kBlockKeys < num_keys ? k_cache : v_cache;
         if (ahead < num_keys)
-          for (int64_t j = kvh; j < std::min(kKeys, num_keys - ahead); j += heads)
-            for (int64_t f = 0; f < key_stride; f += 32) prefetch_l2(ahead_cache + offsets[ahead + j] + f);
+          prefetch_key_rows(ahead_cache, offsets, ahead, std::min(kKeys, num_keys - ahead), key_stride, kvh, heads);
         const bf16* rows_of_keys[kKeys];
         for (int64_t j = 0; j < n; ++j) rows_of_keys[j] = key_row(k_cache, key0 + j, kvh);
         transpose_key_group(rows_of_keys, n, kPairs, keys_t.data() + b * kPairs * 16);
@@ -218,8 +218,7 @@ void run_item_dpbf16(const WorkItem& w, const Geometry& g, const bf16* q, const 
   // from the cache instead)
   const bool one_block = rows <= kWeighRows;
   for (int64_t j = first_key; j < (one_block ? first_key : num_keys); ++j) {
-    if ((j - first_key) % 2 == 0 && j + kBlockKeys < num_keys)  // a block ahead, one key row per key
-      for (int64_t f = 0; f < key_stride; f += 32) prefetch_l2(v_cache + offsets[j + kBlockKeys] + f);
+    if (j + kBlockKeys < num_keys) prefetch_key_rows(v_cache, offsets, j + kBlockKeys, 1, key_stride);  // a block ahead
     const bf16* src = v_cache + offsets[j];
     float* dst = values.data() + j * key_stride;
     for (int64_t c = 0; c < key_stride; c += 16) store16(dst + c, load16(src + c));

@@ -369,8 +369,6 @@ void run_item_few(const WorkItem& w, const Geometry& g, const T* q, const T* k_c
 #include "attention_dpbf16.h"  // run_item_dpbf16: every bf16 item on AVX512-BF16 dot products
 
 namespace bulkrun_cpu {
-bool attention_amx();
-
 namespace {
 
 // Whether bf16 items run on AVX512-BF16 dot products here (run_item_dpbf16: invariant at any tile).
@@ -392,9 +390,11 @@ void run_item_best(const WorkItem& w, const Geometry& g, const T* q, const T* k,
   run_item<NV, T>(w, g, q, k, v, table, token0, new_tokens, context, out);
 }
 
+// every_item_dp: every bf16 item on run_item_dpbf16 (else prompt chunks keep AMX tiles, decode rows
+// still take it)
 template <int NV, typename T>
 void run_all(const std::vector<WorkItem>& items, const Geometry& g, const T* q, const T* k, const T* v,
-             const int32_t* tables, const int32_t* starts, const int32_t* lens, T* out, bool batch_invariant) {
+             const int32_t* tables, const int32_t* starts, const int32_t* lens, T* out, bool every_item_dp) {
   std::atomic<int64_t> next{0};
   const int64_t count = static_cast<int64_t>(items.size());
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
@@ -405,8 +405,7 @@ void run_all(const std::vector<WorkItem>& items, const Geometry& g, const T* q, 
       const int64_t rows = (w.q_end - w.q_begin) * g.group;  // rows per kv head
 #ifdef BULKRUN_DPBF16_ATTENTION
       if constexpr (std::is_same_v<T, bf16>) {
-        // not invariant, AMX tiles stay the faster path for prompt chunks where the CPU has them
-        if (batch_invariant || rows <= 5 || !(NV % 2 == 0 && g.plain() && attention_amx())) {
+        if (every_item_dp || rows <= 5) {
           run_item_dpbf16<NV>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out);
           continue;
         }
@@ -427,7 +426,7 @@ template <typename T>
 void dispatch_head_dim(const std::vector<WorkItem>& items, const Geometry& g, const at::Tensor& q,
                        const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
                        const int32_t* starts, const int32_t* lens, at::Tensor& out, int64_t head_dim,
-                       bool batch_invariant) {
+                       bool every_item_dp) {
   const T* qp = static_cast<const T*>(q.data_ptr());
   const T* kp = static_cast<const T*>(k_cache.data_ptr());
   const T* vp = static_cast<const T*>(v_cache.data_ptr());
@@ -435,7 +434,7 @@ void dispatch_head_dim(const std::vector<WorkItem>& items, const Geometry& g, co
   T* op = static_cast<T*>(out.data_ptr());
   switch (head_dim / 16) {  // head sizes 16 .. 128, and 256
 #define BULKRUN_CASE(NV) \
-  case NV: run_all<NV, T>(items, g, qp, kp, vp, tables, starts, lens, op, batch_invariant); break;
+  case NV: run_all<NV, T>(items, g, qp, kp, vp, tables, starts, lens, op, every_item_dp); break;
     BULKRUN_CASE(1) BULKRUN_CASE(2) BULKRUN_CASE(3) BULKRUN_CASE(4) BULKRUN_CASE(5) BULKRUN_CASE(6)
     BULKRUN_CASE(7) BULKRUN_CASE(8) BULKRUN_CASE(16)
 #undef BULKRUN_CASE
@@ -494,6 +493,8 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   // path (the same code and key order whatever its chunk, its batch or a recompute), giving up the
   // many-row paths (AMX tiles, rows scored against transposed keys).
   const int64_t tile_tokens = batch_invariant ? (bf16_dp ? kQueryTile : 1) : amx ? kAmxQueryTile : kQueryTile;
+  // not invariant, AMX tiles stay the faster path for prompt chunks where the CPU has them
+  const bool every_item_dp = bf16_dp && (batch_invariant || !amx);
   const int64_t num_seqs = seq_lens.size(0);
   const int32_t* starts = query_start_loc.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
@@ -515,9 +516,9 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
 
   if (dtype == at::kBFloat16)
-    dispatch_head_dim<bf16>(items, g, q, k_cache, v_cache, block_tables, starts, lens, out, head_dim, batch_invariant);
+    dispatch_head_dim<bf16>(items, g, q, k_cache, v_cache, block_tables, starts, lens, out, head_dim, every_item_dp);
   else
-    dispatch_head_dim<float>(items, g, q, k_cache, v_cache, block_tables, starts, lens, out, head_dim, batch_invariant);
+    dispatch_head_dim<float>(items, g, q, k_cache, v_cache, block_tables, starts, lens, out, head_dim, every_item_dp);
 }
 
 }  // namespace bulkrun_cpu
