@@ -36,16 +36,27 @@ constexpr int64_t kRows = 6;   // rows per pass over a panel: 24 accumulators + 
 constexpr int64_t kRowChunk = 240;  // rows per sweep over all panels: their x stays in L2
 
 #ifdef BULKRUN_DPBF16
+// The share of the thread's next panel one pass over this panel pulls into cache, spread over its K
+// loop: at decode-sized M a panel's first pass would otherwise wait on DRAM with the FMAs idle.
+struct Prefetch {
+  const char* begin = nullptr;  // the share's first byte
+  int64_t lines = 0;            // 64-byte lines in the share
+};
+
 // rows R x blocks C of y: acc[r][c] lane j = sum over K pairs of x[r] . W[16 (nb + c) + j], in order
 template <int R, int C, typename Y>
 void tile(const bf16* x, int64_t ldx, const bf16* w, int64_t block_stride, int64_t pairs, const float* bias,
-          Y* y, int64_t ldy, int64_t cols) {
+          Y* y, int64_t ldy, int64_t cols, Prefetch pf) {
+  // lines [kp * step >> 8, (kp + 1) * step >> 8) at pair kp: each line once, evenly over the loop
+  const int64_t step = pf.lines * 256 / pairs + (pf.lines * 256 % pairs != 0);
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   const int32_t* xr[R];
   for (int r = 0; r < R; ++r) xr[r] = reinterpret_cast<const int32_t*>(x + r * ldx);
   for (int64_t kp = 0; kp < pairs; ++kp) {
+    for (int64_t line = (kp * step) >> 8, end = std::min(pf.lines, ((kp + 1) * step) >> 8); line < end; ++line)
+      __builtin_prefetch(pf.begin + line * 64, 0, 2);
     __m512bh b[C];
     for (int c = 0; c < C; ++c)
       b[c] = (__m512bh)_mm512_loadu_si512(w + c * block_stride + kp * 2 * kCols);
@@ -72,18 +83,26 @@ void tile(const bf16* x, int64_t ldx, const bf16* w, int64_t block_stride, int64
   }
 }
 
+// `next`/`next_bytes`: the panel this thread runs after this one (null: none); each pass prefetches
+// its share of it.
 template <int C, typename Y>
 void rows_of_panel(int64_t rows, const bf16* x, int64_t ldx, const bf16* w, int64_t block_stride, int64_t pairs,
-                   const float* bias, Y* y, int64_t ldy, int64_t cols) {
+                   const float* bias, Y* y, int64_t ldy, int64_t cols, const bf16* next, int64_t next_bytes) {
+  const int64_t passes = (rows + kRows - 1) / kRows, lines = next ? (next_bytes + 63) / 64 : 0;
+  auto share = [&](int64_t pass) {
+    const int64_t first = lines * pass / passes;
+    return Prefetch{reinterpret_cast<const char*>(next) + first * 64, lines * (pass + 1) / passes - first};
+  };
   int64_t m = 0;
   for (; m + kRows <= rows; m += kRows)
-    tile<kRows, C>(x + m * ldx, ldx, w, block_stride, pairs, bias, y + m * ldy, ldy, cols);
+    tile<kRows, C>(x + m * ldx, ldx, w, block_stride, pairs, bias, y + m * ldy, ldy, cols, share(m / kRows));
+  const Prefetch last = share(m / kRows);
   switch (rows - m) {  // the same per-row instructions on fewer rows
-    case 1: tile<1, C>(x + m * ldx, ldx, w, block_stride, pairs, bias, y + m * ldy, ldy, cols); break;
-    case 2: tile<2, C>(x + m * ldx, ldx, w, block_stride, pairs, bias, y + m * ldy, ldy, cols); break;
-    case 3: tile<3, C>(x + m * ldx, ldx, w, block_stride, pairs, bias, y + m * ldy, ldy, cols); break;
-    case 4: tile<4, C>(x + m * ldx, ldx, w, block_stride, pairs, bias, y + m * ldy, ldy, cols); break;
-    case 5: tile<5, C>(x + m * ldx, ldx, w, block_stride, pairs, bias, y + m * ldy, ldy, cols); break;
+    case 1: tile<1, C>(x + m * ldx, ldx, w, block_stride, pairs, bias, y + m * ldy, ldy, cols, last); break;
+    case 2: tile<2, C>(x + m * ldx, ldx, w, block_stride, pairs, bias, y + m * ldy, ldy, cols, last); break;
+    case 3: tile<3, C>(x + m * ldx, ldx, w, block_stride, pairs, bias, y + m * ldy, ldy, cols, last); break;
+    case 4: tile<4, C>(x + m * ldx, ldx, w, block_stride, pairs, bias, y + m * ldy, ldy, cols, last); break;
+    case 5: tile<5, C>(x + m * ldx, ldx, w, block_stride, pairs, bias, y + m * ldy, ldy, cols, last); break;
     default: break;
   }
 }
@@ -108,11 +127,14 @@ void gemm(const at::Tensor& x, const at::Tensor& wp, const float* bias, at::Tens
         const bf16* xs = xp + m0 * ldx;
         Y* ys = yp + m0 * ldy + n0;
         const int64_t cols = N - n0;
+        // a panel's blocks are adjacent: the next one is one contiguous run
+        const bf16* next = p + 1 < p1 ? wb + kPanel * block_stride : nullptr;
+        const int64_t next_bytes = next ? std::min(kPanel, NB - nb - kPanel) * block_stride * 2 : 0;
         switch (blocks) {
-          case 4: rows_of_panel<4>(rows, xs, ldx, wb, block_stride, pairs, b, ys, ldy, cols); break;
-          case 3: rows_of_panel<3>(rows, xs, ldx, wb, block_stride, pairs, b, ys, ldy, cols); break;
-          case 2: rows_of_panel<2>(rows, xs, ldx, wb, block_stride, pairs, b, ys, ldy, cols); break;
-          default: rows_of_panel<1>(rows, xs, ldx, wb, block_stride, pairs, b, ys, ldy, cols); break;
+          case 4: rows_of_panel<4>(rows, xs, ldx, wb, block_stride, pairs, b, ys, ldy, cols, next, next_bytes); break;
+          case 3: rows_of_panel<3>(rows, xs, ldx, wb, block_stride, pairs, b, ys, ldy, cols, next, next_bytes); break;
+          case 2: rows_of_panel<2>(rows, xs, ldx, wb, block_stride, pairs, b, ys, ldy, cols, next, next_bytes); break;
+          default: rows_of_panel<1>(rows, xs, ldx, wb, block_stride, pairs, b, ys, ldy, cols, next, next_bytes); break;
         }
       }
     });
