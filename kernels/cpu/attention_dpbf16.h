@@ -33,6 +33,7 @@ namespace {
 
 constexpr int kDpScoreRows = 6;    // rows per score block: 6 x 4 accumulators + 6 broadcasts
 constexpr int kDpScoreGroups = 4;  // key groups transposed together (a decode row scores several at once)
+constexpr int64_t kEarlyValueBytes = 512 << 10;  // an item's keys and values below this stay in L2 together
 
 // 16 keys (rows[j] for j < n; zeros after) of one kv head -> kt[p][j] = the key j's dim pair p
 inline void transpose_key_group(const bf16* const* rows, int64_t n, int64_t pairs, int32_t* kt) {
@@ -108,10 +109,15 @@ inline void weigh_block(const float* const* prob, const float* values, int64_t k
 
 // weigh_block straight from the cache (bf16 rows, widened on the fly): for an item of one row block,
 // whose values are read once, instead of widened into a buffer first. The same products and sums.
+// row_elems > 0: also pull whole key rows (every kv head) kL2Ahead keys ahead into L2, for the first
+// head's walk when the score pass did not (the later heads find them there).
+constexpr int64_t kL2Ahead = 24;
 template <int R, int NV>
 inline void weigh_block_cache(const float* const* prob, const bf16* v_cache, const int64_t* offsets, int64_t head,
-                              int64_t k0, int64_t k1, __m512 (*acc)[NV]) {
+                              int64_t k0, int64_t k1, __m512 (*acc)[NV], int64_t row_elems) {
+  if (row_elems) prefetch_key_rows(v_cache, offsets, k0, std::min(kL2Ahead, k1 - k0), row_elems);
   for (int64_t j = k0; j < k1; ++j) {
+    if (row_elems && j + kL2Ahead < k1) prefetch_key_rows(v_cache, offsets, j + kL2Ahead, 1, row_elems);
     if (j + kL1Ahead < k1)
       for (int c = 0; c < NV; c += kVectorsPerLine<bf16>) prefetch_l1(v_cache + offsets[j + kL1Ahead] + head + 16 * c);
     const bf16* row = v_cache + offsets[j] + head;
@@ -161,6 +167,10 @@ void run_item_dpbf16(const WorkItem& w, const Geometry& g, const bf16* q, const 
     if (key0 < num_keys) prefetch_key_rows(cache, offsets, key0, std::min(kBlockKeys, num_keys - key0), key_stride);
   };
 
+  // An item of one row block (a decode row) reads its values once, straight from the cache; where
+  // they fit in L2 beside the keys the score pass pulls them in as it goes, overlapping both streams.
+  const bool one_block = rows <= kWeighRows;
+  const bool values_early = one_block && 2 * (num_keys - first_key) * key_stride * 2 <= kEarlyValueBytes;
   prefetch(k_cache, first_key);  // the first block, while the queries are gathered
   for (int64_t kvh = 0; kvh < heads; ++kvh)
     for (int64_t r = 0; r < rows; ++r)
@@ -178,8 +188,10 @@ void run_item_dpbf16(const WorkItem& w, const Geometry& g, const bf16* q, const 
         // burst of a whole block's prefetches would overflow the cache's miss queue
         const int64_t ahead = key0 + kBlockKeys < num_keys ? key0 + kBlockKeys : first_key + key0 + kBlockKeys - num_keys;
         const bf16* ahead_cache = key0 + kBlockKeys < num_keys ? k_cache : v_cache;
-        if (ahead < num_keys)
+        if (ahead < num_keys && (ahead_cache == k_cache || !values_early))
           prefetch_key_rows(ahead_cache, offsets, ahead, std::min(kKeys, num_keys - ahead), key_stride, kvh, heads);
+        // and these keys' values, for the value walk: it then reads L2, not DRAM
+        if (values_early) prefetch_key_rows(v_cache, offsets, key0, n, key_stride, kvh, heads);
         const bf16* rows_of_keys[kKeys];
         for (int64_t j = 0; j < n; ++j) rows_of_keys[j] = key_row(k_cache, key0 + j, kvh);
         transpose_key_group(rows_of_keys, n, kPairs, keys_t.data() + b * kPairs * 16);
@@ -216,7 +228,7 @@ void run_item_dpbf16(const WorkItem& w, const Geometry& g, const bf16* q, const 
     }
   // values: widened to fp32, every kv head of a key together (an item of one row block reads them
   // from the cache instead)
-  const bool one_block = rows <= kWeighRows;
+
   for (int64_t j = first_key; j < (one_block ? first_key : num_keys); ++j) {
     if (j + kBlockKeys < num_keys) prefetch_key_rows(v_cache, offsets, j + kBlockKeys, 1, key_stride);  // a block ahead
     const bf16* src = v_cache + offsets[j];
@@ -238,7 +250,8 @@ void run_item_dpbf16(const WorkItem& w, const Geometry& g, const bf16* q, const 
         for (int i = 0; i < R; ++i)
           for (int c = 0; c < NV; ++c) acc[i][c] = _mm512_setzero_ps();
         if (one_block)
-          weigh_block_cache<R, NV>(prob, v_cache, offsets, kvh * D, first_key, k1, acc);
+          weigh_block_cache<R, NV>(prob, v_cache, offsets, kvh * D, first_key, k1, acc,
+                                   kvh == 0 && !values_early ? key_stride : 0);
         else
           weigh_block<R, NV>(prob, head_values, key_stride, first_key, k1, acc);
         for (int i = 0; i < R; ++i) {
