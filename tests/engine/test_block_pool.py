@@ -158,3 +158,15 @@ def test_a_steady_workload_touches_only_what_it_holds_at_once():
         blocks = pool.allocate(6)
         pool.free(reversed(blocks))
     assert pool.num_touched_blocks == 6
+
+
+def test_evicted_blocks_are_handed_out_in_address_order():
+    """A finished sequence is freed tail first, so its cached blocks are evicted last-block first;
+    the next sequence still gets them ascending (the CPU attention reads its keys as streams)."""
+    pool = BlockPool(8, 4)
+    blocks = pool.allocate(6)
+    hashes = hashes_of(list(range(24)))
+    for block, h in zip(blocks, hashes, strict=True):
+        pool.cache_block(block, h)
+    pool.free(reversed(blocks))
+    assert pool.allocate(8) == list(range(8))  # six evicted (tail first) and two never touched

@@ -8,6 +8,7 @@ freed first) until a free block is needed; blocks without a hash go back to the 
 Allocation prefers blocks already used once (plain freed ones, the most recently freed first, then
 evictable cached ones, least recently used first) over blocks never touched, so the memory a run
 actually touches (lazily mapped on the CPU) tracks its peak use rather than the cache's size.
+One allocation's blocks come in address order (ascending runs read as streams).
 """
 
 from __future__ import annotations
@@ -81,6 +82,9 @@ class BlockPool:
             fresh = n - len(blocks)
             blocks.extend(range(self._num_touched, self._num_touched + fresh))
             self._num_touched += fresh
+            # in address order: evictions come a sequence's tail first, and a sequence whose blocks
+            # lie in ascending runs is read as streams (the CPU attention's keys and values)
+            blocks.sort()
         for block in blocks:
             ref_counts[block] = 1
         return blocks
