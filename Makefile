@@ -48,6 +48,7 @@ bench: install
 	$(BIN)/python bench/embed_bench.py
 	$(BIN)/python bench/vllm_peer_bench.py
 	$(BIN)/python bench/attention_bench.py
+	$(BIN)/python bench/linear_bench.py
 	$(BIN)/python bench/engine_profile.py --cold
 	$(BIN)/python bench/model_families_bench.py
 

@@ -8,6 +8,11 @@ reference (torch SDPA per chunk and decode group, fp32 math).
 BULKRUN_CPU_LIBRARY loads another build of the native kernels (e.g. one of an older source, from
 $BULKRUN_CACHE_DIR/kernels/<key>/) to compare kernels on the same machine. Medians of 15 calls;
 GFLOP/s count the causal score and value products (4 * keys * heads * head_dim per query row).
+
+Then decode steps as the engine meets them: 30 layers' caches, each layer called once per step, so
+every key and value comes from DRAM (the first table's shapes fit in L3), with the sequences' blocks
+contiguous (a fresh cache) and scattered (a long job's recycled blocks): bf16, batch invariant, best
+of 6 steps, GB/s of keys and values read.
 """
 
 from __future__ import annotations
@@ -86,6 +91,44 @@ def main() -> None:
         cells.append(f"{s * 1e3:6.2f} ms {flops(lens, new) / s / 1e9:5.0f}")
         print(f"{name:18s} " + " ".join(f"{c:>16s}" for c in cells), flush=True)
     print("(each cell: median time per call, GFLOP/s)")
+    print(f"\n{'decode, from DRAM':18s} {'contiguous':>18s} {'scattered':>18s}")
+    for name, (lens, _) in SHAPES.items():
+        if name.startswith("decode"):
+            cells = [cold_decode(lens, scattered) for scattered in (False, True)]
+            print(f"{name:18s} " + " ".join(f"{c:>18s}" for c in cells), flush=True)
+    print("(each cell: time per layer, GB/s of keys and values)")
+
+
+def cold_decode(lens: list[int], scattered: bool, layers: int = 30) -> str:
+    """One decode row per sequence over `layers` layers' caches, each layer once per step."""
+    g = torch.Generator().manual_seed(0)
+    per_seq = -(-max(lens) // BLOCK)
+    total = 2 * len(lens) * per_seq  # half of it never read: the scattered blocks have room to scatter
+    order = torch.randperm(total, generator=g) if scattered else torch.arange(total)
+    table = order[: len(lens) * per_seq].to(torch.int32).view(len(lens), per_seq).contiguous()
+    caches = [
+        tuple(torch.randn(total, BLOCK, KVH, D, generator=g).bfloat16() for _ in range(2))
+        for _ in range(layers)
+    ]
+    q = torch.randn(len(lens), H, D, generator=g).bfloat16()
+    out = torch.empty_like(q)
+    starts = torch.arange(len(lens) + 1, dtype=torch.int32)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    op = torch.ops.bulkrun_cpu.paged_attention
+
+    def step():
+        for k, v in caches:
+            op(q, k, v, table, starts, seq_lens, D**-0.5, 0, None, 0.0, True, out)
+
+    step()
+    best = float("inf")
+    for _ in range(6):
+        t0 = time.perf_counter()
+        step()
+        best = min(best, time.perf_counter() - t0)
+    per_layer = best / layers
+    read = sum(lens) * KVH * D * 2 * 2  # keys and values, bf16
+    return f"{per_layer * 1e3:6.3f} ms {read / per_layer / 1e9:5.1f}"
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ each), in-process, after a warm-up run, under torch's profiler.
 
 Prints, per workload, the wall time and each op group's share of it (linears, attention, norms,
 ...), with GFLOP/s for the linears against this box's measured bf16 GEMM rate; what no op accounts
-for is the host's part (Python, scheduling, step building). The op times are the calling thread's
-wall time inside each op (the ops run their own intra-op threads), so the shares add up to the wall.
+for is the host's part (Python, scheduling, step building). Then the steps that carried prompt
+tokens and the decode-only ones: how many, their time, the median step. The op times are the
+calling thread's wall time inside each op (the ops run their own intra-op threads), so the shares
+add up to the wall.
 """
 
 from __future__ import annotations
@@ -53,14 +55,23 @@ def profile(engine, prompts: list[list[int]], cold: bool) -> tuple[float, dict[s
 
     if not cold:  # a warm-up run first: what a long job's later steps see
         list(engine.stream(requests("warm")))
+    steps: dict[str, list[float]] = {"with prompt tokens": [], "decode only": []}
+    last = [0.0]
+
+    def on_step(stats) -> None:  # each step's time: since the previous step ended
+        now = time.perf_counter()
+        kind = "with prompt tokens" if stats.num_prefill_tokens else "decode only"
+        steps[kind].append(now - last[0])
+        last[0] = now
+
     with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-        t0 = time.perf_counter()
-        outputs = list(engine.stream(requests("run")))
+        t0 = last[0] = time.perf_counter()
+        outputs = list(engine.stream(requests("run"), on_step=on_step))
         wall = time.perf_counter() - t0
     groups: dict[str, float] = defaultdict(float)
     for event in prof.key_averages():
         groups[GROUPS.get(event.key, "other torch ops")] += event.self_cpu_time_total / 1e6
-    return wall, dict(groups), sum(len(o.output_token_ids) for o in outputs)
+    return wall, dict(groups), sum(len(o.output_token_ids) for o in outputs), steps
 
 
 def main() -> None:
@@ -91,7 +102,7 @@ def main() -> None:
         if args.workload not in (name, "both"):
             continue
         prompts = chat_prompts(tokenizer, n, lo, hi)
-        wall, groups, generated = profile(engine, prompts, args.cold)
+        wall, groups, generated, steps = profile(engine, prompts, args.cold)
         prompt_tokens = sum(map(len, prompts))
         print(
             f"\n{name}: {n} prompts, {prompt_tokens} prompt tokens, {generated} generated, wall {wall:.2f} s"
@@ -106,6 +117,12 @@ def main() -> None:
                 rate = flops / seconds / 1e9
                 extra = f"  {rate:6.0f} GFLOP/s = {rate / gemm:5.1%} of the bf16 GEMM rate"
             print(f"  {group:16s} {seconds:7.2f} s  {seconds / wall:6.1%}{extra}")
+        for kind, times in steps.items():
+            if times:
+                print(
+                    f"  steps {kind}: {len(times)}, {sum(times):.2f} s, "
+                    f"median {sorted(times)[len(times) // 2] * 1e3:.1f} ms"
+                )
 
 
 if __name__ == "__main__":
