@@ -11,10 +11,11 @@ Triton matmul (bulkrun_kernels.matmul) replaces cuBLAS, whose kernel choice vari
 Not batch invariant: two packings, chosen per call by the number of rows:
 - oneDNN's blocked copy (`packed`): it beats F.linear (MKL, which takes its AVX2 path on AMD) at
   every row count on AVX-512 machines.
-- 32-column panels for our native `small_gemm` (`panels`, only with the CPU native kernels): at
-  decode-sized batches a step streams every weight from DRAM, which oneDNN does not overlap with its
-  FMAs; the panel kernel prefetches the next panel and wins there (docs/benchmarks.md, design figures).
-Keeping both costs a second copy of the linear weights; when memory is short only the panels stay.
+- for decode-sized batches, which stream every weight from DRAM (oneDNN does not overlap that with
+  its FMAs): bf16 weights keep the fixed-order kernel's tiles where it is built (it prefetches the
+  next panel); fp32 ones take 32-column panels for our native `small_gemm` (`panels`), which does the
+  same (docs/benchmarks.md, design figures).
+Keeping both costs a second copy of the linear weights; when memory is short only one stays.
 The plain weight is dropped once packed (a tied LM head's weight lives on as the embedding).
 """
 
@@ -87,9 +88,9 @@ class Linear(nn.Module):
         raise RuntimeError("a Linear without weights")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.tiles is not None:
-            return bf16_gemm(x, self.tiles, self.tile_bias, self.out_features, kernel=self.tile_kernel)
         small = x.shape[0] <= SMALL_ROWS
+        if self.tiles is not None and (self.invariant or self.packed is None or small):
+            return bf16_gemm(x, self.tiles, self.tile_bias, self.out_features, kernel=self.tile_kernel)
         if self.panels is not None and (self.packed is None or self.invariant or small):
             return self._small_gemm(x)
         if self.packed is not None:
@@ -128,11 +129,14 @@ class Linear(nn.Module):
         self, batch_hint: int = 64, panels: bool = False, onednn: bool = True, fixed_order: str | None = None
     ) -> None:
         """Replace the weight by the fixed-order bf16 GEMM's tiles (fixed_order: the kernel, "amx" or
-        "dpbf16"), or its oneDNN-blocked copy and/or its panel copy (fp32 only)."""
+        "dpbf16"; with `onednn` as well, the not-invariant path's copy for large steps), or its
+        oneDNN-blocked copy and/or its panel copy (fp32 only)."""
         weight = self.weight.detach()
         if fixed_order:
             self.tiles, self.tile_kernel = pack_amx(weight), fixed_order
             self.tile_bias = pad_bias(self.bias, self.tiles)
+            if onednn and not self.invariant:
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, batch_hint)
             self.weight = None
             return
         if panels:
@@ -189,9 +193,13 @@ def pack_linears_for_cpu(model: nn.Module, panels: bool | None = None) -> bool:
         fp32 = m.weight.dtype == torch.float32
         if m.invariant:
             if fixed_order and not fp32 and amx_packable(m.weight):
-                return m.pack_for_cpu(fixed_order=fixed_order)
+                return m.pack_for_cpu(fixed_order=fixed_order, onednn=False)
             with_panels = panels and fp32
             return m.pack_for_cpu(panels=with_panels, onednn=not with_panels)
+        if fixed_order and not fp32 and amx_packable(m.weight) and m is not head and both:
+            # decode-sized steps on the fixed-order kernel (it streams the weights faster than
+            # oneDNN there, bench/linear_bench.py), larger ones on oneDNN
+            return m.pack_for_cpu(fixed_order=fixed_order, onednn=True)
         with_panels = panels and all_fp32 and m is not head
         m.pack_for_cpu(panels=with_panels, onednn=not with_panels or both)
 

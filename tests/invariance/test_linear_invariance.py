@@ -54,3 +54,22 @@ def test_not_invariant_calls_onednn_on_the_whole_batch():
     x = torch.randn(200, 1536, generator=G)
     direct = torch.ops.mkldnn._linear_pointwise(x, layer.packed, layer.bias, "none", [], "")
     assert torch.equal(layer(x), direct)
+
+
+@pytest.mark.skipif(not (NATIVE and fixed_order_bf16_kernel()), reason="no AMX nor AVX512-BF16")
+def test_not_invariant_bf16_runs_the_fixed_order_kernel_on_decode_sized_steps_only():
+    from bulkrun.model.linear import SMALL_ROWS
+    from bulkrun_kernels.cpu_gemm import bf16_gemm
+
+    layer = Linear(576, 960, bias=True)
+    layer.weight.data = torch.randn(960, 576, generator=G).bfloat16()
+    layer.bias.data = torch.randn(960, generator=G).bfloat16()
+    set_batch_invariant(torch.nn.Sequential(layer), False)
+    layer.pack_for_cpu(fixed_order=fixed_order_bf16_kernel(), onednn=True)
+    assert layer.tiles is not None and layer.packed is not None
+    small = torch.randn(SMALL_ROWS, 576, generator=G).bfloat16()
+    large = torch.randn(SMALL_ROWS + 72, 576, generator=G).bfloat16()
+    tiles = bf16_gemm(small, layer.tiles, layer.tile_bias, 960, kernel=layer.tile_kernel)
+    assert torch.equal(layer(small), tiles)
+    onednn = torch.ops.mkldnn._linear_pointwise(large, layer.packed, layer.bias, "none", [], "")
+    assert torch.equal(layer(large), onednn)
