@@ -10,6 +10,9 @@ a runner whose results land a set time after launch (a sleeping worker thread, o
 by default as long as the host part just measured. Synchronous stepping costs about device + host
 per step, async about max(device, host).
 
+Last, the model forward's own fixed cost: a 30-layer model of width 64, whose compute is negligible,
+timed inside the model per decode step (Python, op dispatch, thread hand-offs).
+
     .venv/bin/python bench/host_overhead.py [--shapes 256x32,1024x512] [--steps 20]
 """
 
@@ -104,6 +107,26 @@ def host_us_per_seq(model_dir: str, num_seqs: int, prompt_len: int, steps: int) 
     return median / num_seqs * 1e6, host[0] / num_seqs * 1e6, sorted(model)[len(model) // 2] * 1e3
 
 
+def forward_fixed_ms(folder: Path, layers: int = 30, num_seqs: int = 8, steps: int = 40) -> float:
+    """Median ms per decode step inside the model for `layers` layers of width 64, where the compute
+    is negligible: what every step pays for Python, op dispatch and threads whatever the model's size."""
+    build_tiny_model("llama", folder, num_hidden_layers=layers)
+    engine = load_engine(str(folder), EngineConfig(max_num_seqs=num_seqs, kv_cache_bytes=64 << 20))
+    for r in requests(num_seqs, 4, steps + 8):
+        engine.add_request(r)
+    for _ in range(100):  # prefill until every sequence decodes
+        engine.step()
+        if engine.last_stats.num_decode_tokens == num_seqs:
+            break
+    clock = ModelClock(engine.runner)
+    model = []
+    for _ in range(steps):
+        before = clock.seconds
+        engine.step()
+        model.append(clock.seconds - before)
+    return sorted(model)[len(model) // 2] * 1e3
+
+
 def overlap(num_seqs: int, prompt_len: int, steps: int, device_ms: float) -> dict[str, float]:
     """Median wall time of a decode step (ms) with a simulated device taking device_ms a step,
     the step of N+1 scheduled before or after step N's tokens land."""
@@ -149,6 +172,11 @@ def main() -> None:
                 f"      simulated device {device_ms:.2f} ms/step: sync {o['sync']:.2f} ms/step, "
                 f"async {o['async']:.2f} ms/step  (sync - device = host {o['sync'] - device_ms:.2f} ms)"
             )
+    with tempfile.TemporaryDirectory() as tmp:
+        ms = forward_fixed_ms(Path(tmp))
+        print(
+            f"model forward's fixed cost, 30 layers of width 64, 8 rows: {ms:.2f} ms/step ({ms / 30 * 1e3:.0f} us/layer)"
+        )
 
 
 if __name__ == "__main__":
