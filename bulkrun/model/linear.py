@@ -129,7 +129,7 @@ class Linear(nn.Module):
         self, batch_hint: int = 64, panels: bool = False, onednn: bool = True, fixed_order: str | None = None
     ) -> None:
         """Replace the weight by the fixed-order bf16 GEMM's tiles (fixed_order: the kernel, "amx" or
-        "dpbf16"; with `onednn` as well, the not-invariant path's copy for large steps), or its
+        "dpbf16"; a not-invariant layer with `onednn` also keeps oneDNN's copy for large steps), or its
         oneDNN-blocked copy and/or its panel copy (fp32 only)."""
         weight = self.weight.detach()
         if fixed_order:
@@ -191,12 +191,13 @@ def pack_linears_for_cpu(model: nn.Module, panels: bool | None = None) -> bool:
 
     def pack(m: Linear) -> None:
         fp32 = m.weight.dtype == torch.float32
+        tiles = fixed_order and not fp32 and amx_packable(m.weight)
         if m.invariant:
-            if fixed_order and not fp32 and amx_packable(m.weight):
-                return m.pack_for_cpu(fixed_order=fixed_order, onednn=False)
+            if tiles:
+                return m.pack_for_cpu(fixed_order=fixed_order)
             with_panels = panels and fp32
             return m.pack_for_cpu(panels=with_panels, onednn=not with_panels)
-        if fixed_order and not fp32 and amx_packable(m.weight) and m is not head and both:
+        if tiles and m is not head and both:
             # decode-sized steps on the fixed-order kernel (it streams the weights faster than
             # oneDNN there, bench/linear_bench.py), larger ones on oneDNN
             return m.pack_for_cpu(fixed_order=fixed_order, onednn=True)

@@ -228,7 +228,6 @@ void run_item_dpbf16(const WorkItem& w, const Geometry& g, const bf16* q, const 
     }
   // values: widened to fp32, every kv head of a key together (an item of one row block reads them
   // from the cache instead)
-
   for (int64_t j = first_key; j < (one_block ? first_key : num_keys); ++j) {
     if (j + kBlockKeys < num_keys) prefetch_key_rows(v_cache, offsets, j + kBlockKeys, 1, key_stride);  // a block ahead
     const bf16* src = v_cache + offsets[j];

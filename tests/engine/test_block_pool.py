@@ -170,3 +170,10 @@ def test_evicted_blocks_are_handed_out_in_address_order():
         pool.cache_block(block, h)
     pool.free(reversed(blocks))
     assert pool.allocate(8) == list(range(8))  # six evicted (tail first) and two never touched
+
+
+def test_freed_blocks_are_handed_out_in_address_order():
+    pool = BlockPool(6, 4, enable_prefix_caching=False)
+    blocks = pool.allocate(6)
+    pool.free([blocks[5], blocks[1], blocks[3], blocks[0]])
+    assert pool.allocate(3) == sorted([blocks[1], blocks[3], blocks[0]])  # the three freed last

@@ -72,19 +72,19 @@ class BlockPool:
             return None
         free, ref_counts = self._free, self.ref_counts
         if n <= len(free):  # the common case: all from the freed stack
-            blocks = free[len(free) - n :][::-1]
+            blocks = free[len(free) - n :]
             del free[len(free) - n :]
         else:
-            blocks = free[::-1]
+            blocks = free[:]
             free.clear()
             while len(blocks) < n and self._evictable:
                 blocks.append(self._evict_lru())
             fresh = n - len(blocks)
             blocks.extend(range(self._num_touched, self._num_touched + fresh))
             self._num_touched += fresh
-            # in address order: evictions come a sequence's tail first, and a sequence whose blocks
-            # lie in ascending runs is read as streams (the CPU attention's keys and values)
-            blocks.sort()
+        # in address order: sequences are freed (and evicted) tail first, and a sequence whose blocks
+        # lie in ascending runs is read as streams (the CPU attention's keys and values)
+        blocks.sort()
         for block in blocks:
             ref_counts[block] = 1
         return blocks
