@@ -3,11 +3,20 @@
 Layout [num_layers, 2 (k, v), num_blocks, block_size, num_kv_heads, head_dim]: each layer's K (and V)
 is one contiguous [num_blocks, block_size, Hkv, D] tensor, and one block's keys are one contiguous run
 of memory, which is what the CPU attention gathers.
+
+On the CPU the cache is mapped lazily (a large budget costs nothing until used), and its pages are
+populated in bulk a margin ahead of the newest block a step writes (`ensure_resident`): left to
+fault one by one inside the steps, scattered over every layer's keys and values, the same pages
+cost several times as much.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import mmap
+import sys
+import threading
 
 import numpy as np
 import psutil
@@ -17,6 +26,8 @@ from bulkrun.model.config import ModelConfig
 
 CPU_DEFAULT_FRACTION = 0.25  # of available memory
 CPU_DEFAULT_CAP = 4 << 30
+POPULATE_AHEAD_BYTES = 64 << 20  # populated past the newest block written: one bulk call per 64 MiB
+MADV_POPULATE_WRITE = 23  # Linux >= 5.14: map pages writable now, their contents unchanged
 
 
 def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -37,13 +48,34 @@ class KVCache:
             )
         shape = (cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.data = _zeros(shape, dtype, torch.device(device))
+        device = torch.device(device)
+        self.data = _zeros(shape, dtype, device)
         # Never-written slots are read (and masked) when a group is padded: they must be finite.
         self.layers = [(self.data[i, 0], self.data[i, 1]) for i in range(cfg.num_layers)]
+        block_bytes = self.data[0, 0, 0].nbytes
+        self._ahead = max(1, POPULATE_AHEAD_BYTES // (block_bytes * 2 * cfg.num_layers))
+        # blocks below this one are mapped (device memory, or a CPU mapping populated this far)
+        self.resident_blocks = num_blocks if device.type != "cpu" or _madvise() is None else 0
 
     @classmethod
     def from_budget(cls, cfg: ModelConfig, budget_bytes: int, block_size: int, dtype, device) -> KVCache:
         return cls(cfg, budget_bytes // bytes_per_block(cfg, block_size, dtype), block_size, dtype, device)
+
+    def ensure_resident(self, newest_block: int) -> None:
+        """Map, in bulk, the pages of every block up to `newest_block` (the highest a step writes)
+        and a margin past it, unless they are already. The pool hands never-used blocks out in
+        ascending order, so what is mapped tracks the run's peak use. Contents never change."""
+        if newest_block < self.resident_blocks:
+            return
+        start, end = self.resident_blocks, min(self.num_blocks, newest_block + 1 + self._ahead)
+        # one address range per layer and k/v, from the page holding block `start` (its head may
+        # belong to a block in use: populating leaves contents alone)
+        regions = self.data.flatten(0, 1)
+        ranges = [(r[start].data_ptr(), r[start:end].nbytes) for r in regions]
+        if _populate(ranges, threads=torch.get_num_threads()):
+            self.resident_blocks = end
+        else:  # not supported here: pages fault in as they are written
+            self.resident_blocks = self.num_blocks
 
 
 def _zeros(shape, dtype, device: torch.device) -> torch.Tensor:
@@ -55,3 +87,43 @@ def _zeros(shape, dtype, device: torch.device) -> torch.Tensor:
     nbytes = int(np.prod(shape)) * torch.empty(0, dtype=dtype).element_size()
     buffer = mmap.mmap(-1, nbytes)
     return torch.frombuffer(buffer, dtype=torch.uint8).view(dtype).view(shape)
+
+
+_MADVISE: list = []  # [libc madvise, or None where it cannot be had]
+
+
+def _madvise():
+    if not _MADVISE:
+        if not sys.platform.startswith("linux"):  # MADV_POPULATE_WRITE's number is Linux's
+            _MADVISE.append(None)
+            return None
+        try:
+            fn = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).madvise
+            fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+        except (OSError, AttributeError, TypeError):
+            fn = None
+        _MADVISE.append(fn)
+    return _MADVISE[0]
+
+
+def _populate(ranges: list[tuple[int, int]], threads: int) -> bool:
+    """MADV_POPULATE_WRITE over (address, length) ranges, split over `threads` threads (ctypes
+    releases the GIL; the kernel maps pages on each thread's own CPU). False where unsupported."""
+    madvise, page = _madvise(), mmap.PAGESIZE
+    failed = []
+
+    def run(part: list[tuple[int, int]]) -> None:
+        for address, length in part:
+            first = address - address % page
+            if madvise(first, address + length - first, MADV_POPULATE_WRITE) != 0:
+                failed.append(ctypes.get_errno())
+                return
+
+    parts = [ranges[i :: max(1, threads)] for i in range(max(1, min(threads, len(ranges))))]
+    workers = [threading.Thread(target=run, args=(part,)) for part in parts[1:]]
+    for worker in workers:
+        worker.start()
+    run(parts[0])
+    for worker in workers:
+        worker.join()
+    return not failed

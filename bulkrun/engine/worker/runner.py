@@ -109,7 +109,9 @@ class ModelRunner:
         result = RunnerOutput()
         if not out.requests:
             return StepHandle(result)
-        inputs = self._to_device(self.builder.build(out, self._prev_rows))
+        inputs = self.builder.build(out, self._prev_rows)
+        self._map_kv_pages(inputs.metadata.slot_mapping)
+        inputs = self._to_device(inputs)
         self._place_pending_inputs(inputs)
         requests = inputs.sample_requests
         # the constrained rows' masks (none when the engine says no request is constrained)
@@ -127,6 +129,11 @@ class ModelRunner:
             handle.read_back(load, _fill_expert_tokens)
         handle.launched(tokens)
         return handle
+
+    def _map_kv_pages(self, slot_mapping: torch.Tensor) -> None:
+        """The step's KV writes land in mapped memory (kv_cache.py: CPU pages are mapped in bulk)."""
+        if self.kv_cache.resident_blocks < self.kv_cache.num_blocks and len(slot_mapping):
+            self.kv_cache.ensure_resident(int(slot_mapping.max()) // self.block_size)
 
     def _place_pending_inputs(self, inputs: StepInputs) -> None:
         """Inputs that are the previous step's sampled tokens, taken from them on the device."""
