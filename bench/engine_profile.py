@@ -41,20 +41,21 @@ GROUPS = {
 }
 
 
-def profile(engine, prompts: list[list[int]], cold: bool) -> tuple[float, dict[str, float], int]:
+def profile(engine, prompts: list[list[int]], warm_prompts: list[list[int]] | None):
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
     from bulkrun.engine.core.params import EngineRequest, SamplingParams
 
-    def requests(tag):
+    def requests(tag, texts):
         return [
-            EngineRequest(f"{tag}{i}", p, SamplingParams(max_tokens=NEW_TOKENS))
-            for i, p in enumerate(prompts)
+            EngineRequest(f"{tag}{i}", p, SamplingParams(max_tokens=NEW_TOKENS)) for i, p in enumerate(texts)
         ]
 
-    if not cold:  # a warm-up run first: what a long job's later steps see
-        list(engine.stream(requests("warm")))
+    # a warm-up run first, of other prompts of the same lengths (the same ones would hit the prefix
+    # cache): what a long job's later steps see
+    if warm_prompts is not None:
+        list(engine.stream(requests("warm", warm_prompts)))
     steps: dict[str, list[float]] = {"with prompt tokens": [], "decode only": []}
     last = [0.0]
 
@@ -66,7 +67,7 @@ def profile(engine, prompts: list[list[int]], cold: bool) -> tuple[float, dict[s
 
     with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
         t0 = last[0] = time.perf_counter()
-        outputs = list(engine.stream(requests("run"), on_step=on_step))
+        outputs = list(engine.stream(requests("run", prompts), on_step=on_step))
         wall = time.perf_counter() - t0
     groups: dict[str, float] = defaultdict(float)
     for event in prof.key_averages():
@@ -102,7 +103,8 @@ def main() -> None:
         if args.workload not in (name, "both"):
             continue
         prompts = chat_prompts(tokenizer, n, lo, hi)
-        wall, groups, generated, steps = profile(engine, prompts, args.cold)
+        warm = None if args.cold else chat_prompts(tokenizer, n, lo, hi, seed=1)
+        wall, groups, generated, steps = profile(engine, prompts, warm)
         prompt_tokens = sum(map(len, prompts))
         print(
             f"\n{name}: {n} prompts, {prompt_tokens} prompt tokens, {generated} generated, wall {wall:.2f} s"
