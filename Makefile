@@ -49,6 +49,7 @@ bench: install
 	$(BIN)/python bench/vllm_peer_bench.py
 	$(BIN)/python bench/attention_bench.py
 	$(BIN)/python bench/linear_bench.py
+	$(BIN)/python bench/kv_pages_bench.py
 	$(BIN)/python bench/engine_profile.py --cold
 	$(BIN)/python bench/model_families_bench.py
 
