@@ -28,6 +28,7 @@ CPU_DEFAULT_FRACTION = 0.25  # of available memory
 CPU_DEFAULT_CAP = 4 << 30
 POPULATE_AHEAD_BYTES = 64 << 20  # populated past the newest block written: one bulk call per 64 MiB
 MADV_POPULATE_WRITE = 23  # Linux >= 5.14: map pages writable now, their contents unchanged
+POPULATE_THREADS = 8  # the kernel maps pages on each caller's CPU; more threads mostly add start-up
 
 
 def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -72,7 +73,7 @@ class KVCache:
         # belong to a block in use: populating leaves contents alone)
         regions = self.data.flatten(0, 1)
         ranges = [(r[start].data_ptr(), r[start:end].nbytes) for r in regions]
-        if _populate(ranges, threads=torch.get_num_threads()):
+        if _populate(ranges, threads=min(POPULATE_THREADS, torch.get_num_threads())):
             self.resident_blocks = end
         else:  # not supported here: pages fault in as they are written
             self.resident_blocks = self.num_blocks
