@@ -47,9 +47,10 @@ def profile(engine, prompts: list[list[int]], warm_prompts: list[list[int]] | No
 
     from bulkrun.engine.core.params import EngineRequest, SamplingParams
 
-    def requests(tag, texts):
+    def requests(tag, token_lists):
         return [
-            EngineRequest(f"{tag}{i}", p, SamplingParams(max_tokens=NEW_TOKENS)) for i, p in enumerate(texts)
+            EngineRequest(f"{tag}{i}", p, SamplingParams(max_tokens=NEW_TOKENS))
+            for i, p in enumerate(token_lists)
         ]
 
     # a warm-up run first, of other prompts of the same lengths (the same ones would hit the prefix

@@ -26,9 +26,10 @@ BLOCKS_PER_STEP = 3  # new blocks a 48-row decode step takes in every layer
 def write_blocks(cache: KVCache, blocks: int) -> None:
     rows = torch.ones(BLOCKS_PER_STEP, *cache.data.shape[3:], dtype=cache.data.dtype)
     for b in range(0, blocks, BLOCKS_PER_STEP):
+        n = min(BLOCKS_PER_STEP, blocks - b)
         for k, v in cache.layers:
-            k[b : b + BLOCKS_PER_STEP] = rows[: min(BLOCKS_PER_STEP, blocks - b)]
-            v[b : b + BLOCKS_PER_STEP] = rows[: min(BLOCKS_PER_STEP, blocks - b)]
+            k[b : b + n] = rows[:n]
+            v[b : b + n] = rows[:n]
 
 
 def main() -> None:

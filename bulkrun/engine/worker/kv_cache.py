@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import mmap
 import sys
 import threading
@@ -53,8 +54,7 @@ class KVCache:
         self.data = _zeros(shape, dtype, device)
         # Never-written slots are read (and masked) when a group is padded: they must be finite.
         self.layers = [(self.data[i, 0], self.data[i, 1]) for i in range(cfg.num_layers)]
-        block_bytes = self.data[0, 0, 0].nbytes
-        self._ahead = max(1, POPULATE_AHEAD_BYTES // (block_bytes * 2 * cfg.num_layers))
+        self._ahead = max(1, POPULATE_AHEAD_BYTES // bytes_per_block(cfg, block_size, dtype))
         # blocks below this one are mapped (device memory, or a CPU mapping populated this far)
         self.resident_blocks = num_blocks if device.type != "cpu" or _madvise() is None else 0
 
@@ -90,21 +90,17 @@ def _zeros(shape, dtype, device: torch.device) -> torch.Tensor:
     return torch.frombuffer(buffer, dtype=torch.uint8).view(dtype).view(shape)
 
 
-_MADVISE: list = []  # [libc madvise, or None where it cannot be had]
-
-
+@functools.cache
 def _madvise():
-    if not _MADVISE:
-        if not sys.platform.startswith("linux"):  # MADV_POPULATE_WRITE's number is Linux's
-            _MADVISE.append(None)
-            return None
-        try:
-            fn = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).madvise
-            fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
-        except (OSError, AttributeError, TypeError):
-            fn = None
-        _MADVISE.append(fn)
-    return _MADVISE[0]
+    """libc's madvise, or None where it cannot be had."""
+    if not sys.platform.startswith("linux"):  # MADV_POPULATE_WRITE's number is Linux's
+        return None
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).madvise
+    except (OSError, AttributeError, TypeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return fn
 
 
 def _populate(ranges: list[tuple[int, int]], threads: int) -> bool:
@@ -120,7 +116,8 @@ def _populate(ranges: list[tuple[int, int]], threads: int) -> bool:
                 failed.append(ctypes.get_errno())
                 return
 
-    parts = [ranges[i :: max(1, threads)] for i in range(max(1, min(threads, len(ranges))))]
+    n = max(1, min(threads, len(ranges)))
+    parts = [ranges[i::n] for i in range(n)]
     workers = [threading.Thread(target=run, args=(part,)) for part in parts[1:]]
     for worker in workers:
         worker.start()
