@@ -10,6 +10,16 @@ from bulkrun_kernels.reference import AttentionPlan
 
 
 @dataclass(slots=True)
+class SampledRows:
+    """The rows of a step whose final hidden state is read (each the last row of its sequence: the
+    rows that sample), where that is fewer than all: the last layer runs its attention, o projection
+    and MLP for these rows alone (its K/V still come from every row), as nothing reads the others."""
+
+    rows: torch.Tensor  # [N] int64: the packed rows, ascending (the order of the logits rows)
+    query_start_loc: torch.Tensor  # [B + 1] int32: sequence s owns rows[query_start_loc[s]:[s+1]] (0 or 1)
+
+
+@dataclass(slots=True)
 class AttentionMetadata:
     positions: torch.Tensor  # [T] int64: each packed token's position in its sequence
     slot_mapping: torch.Tensor  # [T] int64: where each token's K/V goes (block * block_size + offset)
@@ -22,6 +32,8 @@ class AttentionMetadata:
     rope_rows: torch.Tensor | None = None
     # Reference (CPU) attention only: the step's grouping of sequences, built once, used by every layer.
     plan: AttentionPlan | None = None
+    # where the step's only outputs read are its sampled rows (None: every row's, or every row samples)
+    sampled: SampledRows | None = None
 
     @property
     def rotary_rows(self) -> torch.Tensor:

@@ -93,13 +93,18 @@ class DecoderLM(nn.Module):
         else:  # the stream starts as the embedding itself; the first norm adds a zero layer output
             x = torch.zeros(embedded.shape, dtype=self.norm.dtype, device=embedded.device)
             residual = embedded.to(self.residual_dtype)
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+        last = len(self.layers) - 1
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
             local = layer.attn.window and self.local_cos_sin_cache is not None
             cos_sin = self.local_cos_sin_cache if local else self.cos_sin_cache
-            x, residual = layer(self.ops, x, residual, md, cos_sin, k_cache, v_cache)
+            # the last layer's outputs are read at the logits rows alone: where those are the
+            # sampled rows, it computes only them (md.sampled)
+            keep = md.sampled if i == last else None
+            x, residual = layer(self.ops, x, residual, md, cos_sin, k_cache, v_cache, keep)
         if logits_indices.numel() == 0:
             return x[:0]
-        x, residual = x.index_select(0, logits_indices), residual.index_select(0, logits_indices)
+        if md.sampled is None:
+            x, residual = x.index_select(0, logits_indices), residual.index_select(0, logits_indices)
         # the head's input in the residual stream's dtype: the last norm's output is not rounded to bf16
         return self.ops.rms_norm(x.to(residual.dtype), self.norm, self.cfg.rms_norm_eps, residual)[0]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from bulkrun.model.attention_metadata import SampledRows
 from bulkrun.model.config import ModelConfig
 from bulkrun.model.decoder import DecoderLM
 from bulkrun.model.layers import GatedMLP, add_and_norm, param
@@ -28,9 +29,12 @@ class GemmaDecoderLayer(nn.Module):
         self.attn = attention_for(cfg, index)
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, False, cfg.hidden_act)
 
-    def forward(self, ops, x, residual, md, cos_sin, k_cache, v_cache):
+    def forward(self, ops, x, residual, md, cos_sin, k_cache, v_cache, keep: SampledRows | None = None):
+        """keep: compute the output at these rows alone (and return the residual stream's there)."""
         h, residual = add_and_norm(ops, x, residual, self.input_norm, self.eps)
-        a = self.attn(ops, h, md, cos_sin, k_cache, v_cache)
+        a = self.attn(ops, h, md, cos_sin, k_cache, v_cache, keep)
+        if keep is not None:
+            residual = residual.index_select(0, keep.rows)
         a = ops.rms_norm(a, self.post_attention_norm, self.eps)[0]
         h, residual = add_and_norm(ops, a, residual, self.pre_feedforward_norm, self.eps)
         m = self.mlp(ops, h)

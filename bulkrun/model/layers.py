@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bulkrun.model.attention_metadata import AttentionMetadata
+from bulkrun.model.attention_metadata import AttentionMetadata, SampledRows
 from bulkrun.model.linear import Linear
 
 
@@ -45,7 +45,10 @@ class Attention(nn.Module):
         self.k_norm = param(head_dim) if qk_norm else None
         self.sinks = param(num_heads) if sinks else None
 
-    def forward(self, ops, x, md: AttentionMetadata, cos_sin, k_cache, v_cache) -> torch.Tensor:
+    def forward(
+        self, ops, x, md: AttentionMetadata, cos_sin, k_cache, v_cache, keep: SampledRows | None = None
+    ) -> torch.Tensor:
+        """keep: every row's K/V go to the cache, but the output is computed at these rows alone."""
         T = x.shape[0]
         qkv = self.qkv(x)
         q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
@@ -57,7 +60,11 @@ class Attention(nn.Module):
             k = ops.rms_norm(k.reshape(-1, self.head_dim), self.k_norm, self.eps)[0].view(k.shape)
         q, k = ops.rotary(q, k, md.rotary_rows, cos_sin, q_out=q, k_out=k)  # in place, as the norms
         ops.write_kv(k, v, k_cache, v_cache, md.slot_mapping)
-        extra = {"plan": md.plan} if md.plan is not None else {}
+        query_start_loc, plan = md.query_start_loc, md.plan
+        if keep is not None:  # the kept rows are each their sequence's last: its own query layout
+            q, query_start_loc, plan = q.index_select(0, keep.rows), keep.query_start_loc, None
+            T = q.shape[0]
+        extra = {"plan": plan} if plan is not None else {}
         if self.window:
             extra["window"] = self.window
         if self.softcap:
@@ -65,7 +72,7 @@ class Attention(nn.Module):
         if self.sinks is not None:
             extra["sinks"] = self.sinks.float()
         o = ops.paged_attention(
-            q, k_cache, v_cache, md.block_tables, md.query_start_loc, md.seq_lens, self.scale, **extra
+            q, k_cache, v_cache, md.block_tables, query_start_loc, md.seq_lens, self.scale, **extra
         )
         return self.o(o.view(T, self.q_size))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from bulkrun.model.attention_metadata import SampledRows
 from bulkrun.model.config import ModelConfig
 from bulkrun.model.decoder import DecoderLM
 from bulkrun.model.layers import Attention, GatedMLP, add_and_norm, param
@@ -32,9 +33,12 @@ class DecoderLayer(nn.Module):
         self.attn = attention_for(cfg, index)
         self.mlp = mlp or GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, cfg.hidden_act)
 
-    def forward(self, ops, x, residual, md, cos_sin, k_cache, v_cache):
+    def forward(self, ops, x, residual, md, cos_sin, k_cache, v_cache, keep: SampledRows | None = None):
+        """keep: compute the output at these rows alone (and return the residual stream's there)."""
         h, residual = add_and_norm(ops, x, residual, self.input_norm, self.eps)
-        x = self.attn(ops, h, md, cos_sin, k_cache, v_cache)
+        x = self.attn(ops, h, md, cos_sin, k_cache, v_cache, keep)
+        if keep is not None:
+            residual = residual.index_select(0, keep.rows)
         h, residual = add_and_norm(ops, x, residual, self.post_attention_norm, self.eps)
         return self.mlp(ops, h), residual
 

@@ -64,6 +64,14 @@ def test_greedy_equals_transformers_with_chunks_and_prefix_hits(family, kernels)
     routed = sum(sum(s.expert_tokens) for s in steps if s.expert_tokens is not None)
     if moe is None:
         assert routed == 0
-    else:  # every computed token went to top_k experts in every sparse layer, and the stats say so
-        scheduled = sum(s.num_scheduled_tokens for s in steps)
-        assert routed == scheduled * moe.top_k * sum(moe.sparse_layers)
+    else:  # every computed token went to top_k experts in every sparse layer, and the stats say so;
+        # the last layer computes a prompt step's sampled rows alone where some rows do not sample
+        *body, last = moe.sparse_layers
+
+        def last_rows(s) -> int:
+            sampled = s.num_generated_tokens
+            return sampled if 0 < sampled < s.num_scheduled_tokens else s.num_scheduled_tokens
+
+        computed = sum(s.num_scheduled_tokens * sum(body) + last_rows(s) * last for s in steps)
+        assert any(last_rows(s) < s.num_scheduled_tokens for s in steps)
+        assert routed == computed * moe.top_k

@@ -229,6 +229,8 @@ class ModelRunner:
             setattr(md, name, stage(getattr(md, name)))
         if md.rope_rows is not None:
             md.rope_rows = stage(md.rope_rows)
+        if self.device.type != "cpu":  # sequences of no query rows: checked on the CPU kernels only
+            md.sampled = None
         inputs.input_ids = stage(inputs.input_ids)
         inputs.logits_indices = stage(inputs.logits_indices)
         if self.ops.backend == "reference":  # host data: the plan reads it without a device sync

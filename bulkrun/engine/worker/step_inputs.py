@@ -22,7 +22,7 @@ from bulkrun.engine.core.request import Request
 from bulkrun.engine.core.running_batch import RunningBatch
 from bulkrun.engine.core.scheduler import SchedulerOutput
 from bulkrun.engine.core.scoring import ScoreRows, ScoreSpan
-from bulkrun.model.attention_metadata import AttentionMetadata
+from bulkrun.model.attention_metadata import AttentionMetadata, SampledRows
 
 __all__ = ["ScoreSpan", "StepBuilder", "StepInputs", "build_step_inputs", "running_batch"]
 _NONE = np.zeros(0, np.int64)
@@ -171,6 +171,13 @@ class StepBuilder:
                 scores.add(requests[i], starts[i], sizes[i], int(ends[i] - sizes[i]))
             scores.shift(len(sample_rows))
         logits_indices = np.concatenate([sample_rows, np.array(scores.rows, dtype=np.int64)])
+        sampled = None
+        if not scores.rows and 0 < len(sample_rows) < total:  # a prompt step: most rows only fill the cache
+            sampled_starts = np.zeros(num_rows + 1, dtype=np.int32)
+            sampled_starts[1:] = np.cumsum(sample_mask)
+            sampled = SampledRows(
+                torch.from_numpy(sample_rows.astype(np.int64)), torch.from_numpy(sampled_starts)
+            )
         metadata = AttentionMetadata(
             positions=torch.from_numpy(positions),
             slot_mapping=torch.from_numpy(slots),
@@ -178,6 +185,7 @@ class StepBuilder:
             query_start_loc=torch.from_numpy(query_start_loc),
             seq_lens=torch.from_numpy((start_np + size_np).astype(np.int32)),
             rope_rows=rope_rows,
+            sampled=sampled,
         )
         return StepInputs(
             input_ids=torch.from_numpy(np.asarray(ids, dtype=np.int64)),
