@@ -68,6 +68,8 @@ CASES = {
     "prefill_heavy": ([37, 1, 50], [37, 20, 64], (4, 1), 16, 16),  # larger query blocks
     "odd_head_dim": ([3, 1, 5], [3, 9, 14], (4, 2), 24, 4),  # head_dim padded to 32
     "mqa_group16": ([2, 1], [18, 5], (16, 1), 16, 8),
+    # a prompt step's last layer: each sequence's last row where it samples, none where it does not
+    "sampled_rows": ([1, 0, 1, 0, 0, 1], [9, 11, 4, 30, 2, 17], (6, 2), 16, 4),
 }
 
 
@@ -78,6 +80,15 @@ def test_matches_reference(case, ref_name, device):
     batch = make_batch(query_lens, context_lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=head_dim,
                        block_size=block_size, num_blocks=64, seed=zlib.crc32(case.encode()), device=device)  # fmt: skip
     run_and_compare(batch, get_ref(ref_name), atol=2e-5)
+
+
+@pytest.mark.parametrize("num_partitions", [1, 4], ids=["unsplit", "split-kv"])
+def test_sequences_without_query_rows(num_partitions, device):
+    """A prompt step's last layer asks for the sampling rows alone: sequences of no query rows among them."""
+    query_lens, context_lens, (hq, hkv), head_dim, block_size = CASES["sampled_rows"]
+    batch = make_batch(query_lens, context_lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=head_dim,
+                       block_size=block_size, num_blocks=64, seed=11, device=device)  # fmt: skip
+    run_and_compare(batch, get_ref("naive"), atol=2e-5, num_partitions=num_partitions)
 
 
 @pytest.mark.parametrize("num_partitions", [1, 4], ids=["unsplit", "split-kv"])

@@ -30,6 +30,7 @@ from bulkrun.engine.worker.sampler import Sampler
 from bulkrun.engine.worker.score_logprobs import score_logprobs
 from bulkrun.engine.worker.staging import Staging
 from bulkrun.engine.worker.step_inputs import StepBuilder, StepInputs
+from bulkrun.model.attention_metadata import SampledRows
 from bulkrun_kernels.reference import plan_attention
 
 log = logging.getLogger(__name__)
@@ -229,8 +230,8 @@ class ModelRunner:
             setattr(md, name, stage(getattr(md, name)))
         if md.rope_rows is not None:
             md.rope_rows = stage(md.rope_rows)
-        if self.device.type != "cpu":  # sequences of no query rows: checked on the CPU kernels only
-            md.sampled = None
+        if md.sampled is not None:
+            md.sampled = SampledRows(stage(md.sampled.rows), stage(md.sampled.query_start_loc))
         inputs.input_ids = stage(inputs.input_ids)
         inputs.logits_indices = stage(inputs.logits_indices)
         if self.ops.backend == "reference":  # host data: the plan reads it without a device sync
