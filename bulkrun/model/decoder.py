@@ -83,7 +83,8 @@ class DecoderLM(nn.Module):
 
     def final_hidden(self, input_ids, md: AttentionMetadata, kv_caches, logits_indices) -> torch.Tensor:
         """Run the packed step; return the LM head's input (the final normed hidden state) for the
-        logits_indices rows only, [len(logits_indices), hidden]."""
+        logits_indices rows only, [len(logits_indices), hidden]. Where md.sampled is set, its rows
+        are logits_indices (the StepBuilder builds both), and the last layer computes them alone."""
         # the embedding may be kept wider than the layers (a CPU bf16 model's is fp32, tied to the head)
         embedded = F.embedding(input_ids, self.embed_tokens)
         if self.embed_multiplier is not None:
