@@ -14,6 +14,7 @@ from helpers.models import VOCAB, build_tiny_model
 from bulkrun.engine.core.config import EngineConfig
 from bulkrun.engine.core.params import SamplingParams
 from bulkrun.engine.core.request import Request
+from bulkrun.engine.core.scoring import ScoringState
 from bulkrun.engine.worker.runner import ModelRunner
 from bulkrun.engine.worker.step_inputs import build_step_inputs
 from bulkrun_kernels import cpu_build, cpu_dtype
@@ -77,3 +78,5 @@ def test_a_step_whose_rows_all_sample_or_that_scores_keeps_every_row():
     assert build_step_inputs([(decode, 1, True), (prompt, 6, True)], BLOCK).metadata.sampled is not None
     assert build_step_inputs([(decode, 1, True)], BLOCK).metadata.sampled is None  # nothing to spare
     assert build_step_inputs([(prompt, 3, False)], BLOCK).metadata.sampled is None  # no row samples
+    prompt.scoring = ScoringState(score_start=1)  # logits at every prompt row: each row is read
+    assert build_step_inputs([(decode, 1, True), (prompt, 6, True)], BLOCK).metadata.sampled is None
