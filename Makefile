@@ -38,6 +38,7 @@ test-fast: install
 	$(BIN)/pytest -m "not slow and not ray"
 
 bench: install
+	$(BIN)/python bench/box_ceilings.py
 	$(BIN)/python bench/engine_bench.py
 	$(BIN)/python bench/precision_bench.py
 	$(BIN)/python bench/startup_bench.py
