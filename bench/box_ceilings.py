@@ -4,8 +4,9 @@ one thread and all), and oneDNN's bf16 GEMM rate at 2048^3 (the figure the other
 
     python bench/box_ceilings.py
 
-The two loops are C, compiled here with $CXX (default c++) and -march=native; where the CPU lacks
-AVX512-BF16 the peak line says so and the rest still runs. Best of 5 runs each: noise only slows.
+The two loops are C, compiled here with the native kernels' compiler ($CXX, default c++) and
+-march=native; where there is no compiler, or the CPU lacks AVX512-BF16 (AVX-512 for the read
+loop), that line says so and the rest still runs. Best of 5 runs each: noise only slows.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 
 import torch
 from workload import matmul_gflops
+
+from bulkrun_kernels import cpu_build
 
 # 12 independent accumulators: more than a dot product's latency times its issue rate, so the loop
 # runs at the issue rate; the loop count comes first on the command line
@@ -95,9 +98,8 @@ int main(int argc, char** argv) {
 def build(source: str, name: str, tmp: Path) -> Path:
     src, exe = tmp / f"{name}.cpp", tmp / name
     src.write_text(source)
-    cxx = os.environ.get("CXX") or "c++"
-    subprocess.run([cxx, "-O2", "-march=native", "-pthread", str(src), "-o", str(exe)], check=True,
-                   capture_output=True)  # fmt: skip
+    cmd = [cpu_build.compiler(), "-O2", "-march=native", "-pthread", str(src), "-o", str(exe)]
+    subprocess.run(cmd, check=True, capture_output=True)
     return exe
 
 
@@ -109,20 +111,25 @@ def best_of(cmd: list[str], runs: int = 5) -> float:
 def main() -> None:
     cores = os.cpu_count() or 1
     print(f"box: {cores} CPUs")
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    with tempfile.TemporaryDirectory() as tmp:
-        if "avx512_bf16" in flags:
-            peak = build(PEAK, "peak", Path(tmp))
-            one = best_of([str(peak), "100000000", "1"])
-            every = best_of([str(peak), "100000000", str(cores)])
-            print(f"bf16 dot-product peak: {one:6.1f} GFLOP/s on one core, {every:6.1f} on {cores}")
-        else:
-            print("bf16 dot-product peak: not measured (no avx512_bf16 here)")
-        if "avx512f" in flags:
-            read = build(READ, "read", Path(tmp))
-            one = best_of([str(read), "1"], runs=1)
-            every = best_of([str(read), str(cores)], runs=1)
-            print(f"DRAM read (1 GiB sum):  {one:6.1f} GB/s on one thread, {every:6.1f} on {cores}")
+    if not cpu_build.compiler_available():
+        print("bf16 dot-product peak and DRAM read: not measured (no C++ compiler; set CXX)")
+    else:
+        flags = cpu_build.cpu_flags()
+        with tempfile.TemporaryDirectory() as tmp:
+            if "avx512_bf16" in flags:
+                peak = build(PEAK, "peak", Path(tmp))
+                one = best_of([str(peak), "100000000", "1"])
+                every = best_of([str(peak), "100000000", str(cores)])
+                print(f"bf16 dot-product peak: {one:6.1f} GFLOP/s on one core, {every:6.1f} on {cores}")
+            else:
+                print("bf16 dot-product peak: not measured (no avx512_bf16 here)")
+            if "avx512f" in flags:
+                read = build(READ, "read", Path(tmp))
+                one = best_of([str(read), "1"], runs=1)
+                every = best_of([str(read), str(cores)], runs=1)
+                print(f"DRAM read (1 GiB sum):  {one:6.1f} GB/s on one thread, {every:6.1f} on {cores}")
+            else:
+                print("DRAM read: not measured (the loop needs AVX-512)")
     gemm = matmul_gflops(n=2048, dtype=torch.bfloat16)
     print(f"oneDNN bf16 GEMM 2048^3: {gemm:6.1f} GFLOP/s (best of 15)")
 

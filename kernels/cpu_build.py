@@ -81,13 +81,13 @@ def build() -> Path:
 
 def compiler_available() -> bool:
     try:
-        _compiler()
+        compiler()
     except RuntimeError:
         return False
     return True
 
 
-def _compiler() -> str:
+def compiler() -> str:
     cxx = os.environ.get("CXX") or "c++"
     if shutil.which(cxx) is None:
         raise RuntimeError(f"no C++ compiler found ({cxx!r}); set CXX or install g++")
@@ -136,7 +136,7 @@ def _cpuinfo_lines(keys: tuple[str, ...]) -> list[str]:
 
 
 def _compile(target_dir: Path, target: Path) -> None:
-    cxx, (includes, lib_dir) = _compiler(), _torch_dirs()
+    cxx, (includes, lib_dir) = compiler(), _torch_dirs()
     log.info("compiling the CPU native kernels once for this machine (about 15 s)")
     with tempfile.TemporaryDirectory(dir=target_dir) as tmp:
         objects = [str(Path(tmp) / (name + ".o")) for name in SOURCES]
