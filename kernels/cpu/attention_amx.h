@@ -1,23 +1,28 @@
-// Prompt-chunk attention on AMX tiles (bf16 in, fp32 accumulation), for paged_attention.cpp.
+// bf16 attention on AMX tiles, for paged_attention.cpp: every bf16 item (decode rows and prompt
+// chunks alike, every extra: window, soft-cap, sinks) where the CPU has AMX and head_dim is a
+// multiple of 32.
 //
-// Why: a prompt chunk's attention is two matmuls per kv head (scores = Q K^T, out = P V), and with
-// AVX-512 FMAs in fp32 they take a large share of a bf16 step next to linears that run on AMX
-// (docs/benchmarks.md, design figures). AMX multiplies 16x32 by 32x16 bf16 tiles into fp32 in
-// one instruction. What stays as run_item does it: fp32 scores, the causal mask, one max / exp /
-// sum per row in fp32 (softmax_row). What changes: the probabilities are rounded to bf16 for the
-// P V product (as FlashAttention does on GPUs; 2^-9 relative per probability), and the row sums
-// that normalize the output are the fp32 ones.
+// Why: AMX multiplies 16x32 by 32x16 bf16 tiles into fp32 in one instruction, ~8x the AVX512-BF16
+// dot products of this class of CPU, so a prompt chunk's two matmuls per kv head (scores, then the
+// probability-weighted values) stop costing more than the linears beside them. Why one path for
+// every item: an AMX product's C[m][n] is a function of A's row m and B's column n alone, so a
+// query row computes the same bits in a 64-token chunk as alone in a decode step (batch
+// invariance, docs/batch-invariance.md).
 //
-// Layouts (AMX's B operand wants K-dimension pairs interleaved, "VNNI"):
-//   q rows  [padded rows][D] bf16, rows (token, q head of the group), zero rows pad to 16
-//   keys^T  per 16-key group and 32-dim step: 16 rows (dim pairs) x 16 keys x 2 bf16
-//   values  per 32-key chunk and 16-dim block: 16 rows (key pairs) x 16 dims x 2 bf16
-//   scores  [padded rows][key groups x 16] fp32 (softmax in place)
-//   probs   [padded rows][key chunks x 32] bf16
-// Keys and values past the sequence's last key are zeros, never the cache's unused slots.
+// Per item and kv head, with the query rows (token, q head of the group) in blocks of 16:
+//   scores    C^T = K Q^T on tiles: A = 16 keys straight from the cache (a 16-key group is slots of
+//             one block at the cache's key stride; no copy), B = a block's queries, dim pairs
+//             interleaved (built once per item); each 16 x 16 C^T is transposed into the rows' scores
+//   softmax   run_item's, row by row in fp32: scale, soft-cap, mask (causal, window), max with the
+//             sink, exp, sum (softmax_row)
+//   P V       A = the probabilities as hi + lo bf16 halves (p = hi + lo to ~2^-17: the value sums
+//             stay as close to fp32's as the fp32-FMA paths), B = the values, key pairs interleaved;
+//             each 32-key chunk adds hi then lo, chunks in order, then / the fp32 row sum
+// A row's keys outside its own range (causal, window, past the sequence) have probability exactly 0,
+// so the extra chunks a row block walks for its other rows add exact zeros.
 #pragma once
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__)
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(BULKRUN_DPBF16_ATTENTION)
 #define BULKRUN_AMX 1
 #include <immintrin.h>
 #include <sys/syscall.h>
@@ -60,27 +65,23 @@ inline void configure_tiles() {
   _tile_loadconfig(&cfg);
 }
 
-// lane n = a[n] | b[n] << 16: the pair (a[n], b[n]) of two rows' 16 bf16 each, side by side in memory
-inline __m512i interleave_rows(const bf16* a, const bf16* b) {
-  const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a)));
-  const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)));
-  return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
-}
-
-// C_j = sum_i A_i B_ij for j < n <= 4 (tiles 0-3: C, 4: A, 5-7: B): A_i is 16 rows x 32 bf16 at
-// a + 32 i (rows a_stride bytes apart), B_ij the pair-interleaved tile at b + i b_step + j b_next,
-// and C_j (16 x 16 fp32) goes to c + 16 j (rows c_stride bytes apart). One A load serves n products.
+// C_j (j < n <= 4) = sum over `steps` of A_s B_sj; A_s: 16 rows of 32 bf16 at a + 32 s (rows a_stride
+// bytes apart), B_sj at b + s * b_step + j * b_next; C_j to c + 16 j, rows c_stride bytes apart.
+// Tiles 0-3: C, 4: A, 5-7: B. One A load serves n products.
 inline void tile_products(int64_t n, int64_t steps, const bf16* a, int64_t a_stride, const bf16* b, int64_t b_step,
                           int64_t b_next, float* c, int64_t c_stride) {
-  _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-  for (int64_t i = 0; i < steps; ++i) {
-    const bf16* bi = b + i * b_step;
-    _tile_loadd(4, a + 32 * i, a_stride);
-    _tile_loadd(5, bi, 64);
+  _tile_zero(0);
+  if (n > 1) _tile_zero(1);
+  if (n > 2) _tile_zero(2);
+  if (n > 3) _tile_zero(3);
+  for (int64_t s = 0; s < steps; ++s) {
+    const bf16* bs = b + s * b_step;
+    _tile_loadd(4, a + 32 * s, a_stride);
+    _tile_loadd(5, bs, 64);
     _tile_dpbf16ps(0, 4, 5);
-    if (n > 1) { _tile_loadd(6, bi + b_next, 64); _tile_dpbf16ps(1, 4, 6); }
-    if (n > 2) { _tile_loadd(7, bi + 2 * b_next, 64); _tile_dpbf16ps(2, 4, 7); }
-    if (n > 3) { _tile_loadd(5, bi + 3 * b_next, 64); _tile_dpbf16ps(3, 4, 5); }
+    if (n > 1) { _tile_loadd(6, bs + b_next, 64); _tile_dpbf16ps(1, 4, 6); }
+    if (n > 2) { _tile_loadd(7, bs + 2 * b_next, 64); _tile_dpbf16ps(2, 4, 7); }
+    if (n > 3) { _tile_loadd(5, bs + 3 * b_next, 64); _tile_dpbf16ps(3, 4, 5); }
   }
   _tile_stored(0, c, c_stride);
   if (n > 1) _tile_stored(1, c + 16, c_stride);
@@ -88,137 +89,194 @@ inline void tile_products(int64_t n, int64_t steps, const bf16* a, int64_t a_str
   if (n > 3) _tile_stored(3, c + 48, c_stride);
 }
 
-// 2^n e^f-style exp for the softmax below: e^x = 2^(x log2 e), the fraction by a degree-5 polynomial
-// (relative error < 3e-6; the probabilities are rounded to bf16, 2^-9, right after) and the power
-// of two by one scalef. x <= 0 here; below -87 the caller selects an exact 0.
-inline __m512 exp_fast(__m512 x) {
-  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504f));
-  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), _mm512_set1_ps(0.69314718f));  // |f| <= ln2 / 2
-  __m512 p = _mm512_set1_ps(1.f / 120);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 24));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f / 6));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
+// C_j (j < n <= 4) = sum over chunks k of (Ahi_k + Alo_k) B_kj, hi then lo per chunk, chunks in
+// order; Ahi_k: 16 rows of 32 bf16 at a_hi + 32 k (rows a_stride bytes apart), Alo_k likewise, B_kj
+// at b + k * b_step + j * 512; C_j to c + 16 j, rows c_stride bytes apart. Tiles 0-3: C, 4-5: A, 6-7: B.
+inline void weigh_tiles(int64_t n, int64_t chunks, const bf16* a_hi, const bf16* a_lo, int64_t a_stride,
+                        const bf16* b, int64_t b_step, float* c, int64_t c_stride) {
+  _tile_zero(0);
+  if (n > 1) _tile_zero(1);
+  if (n > 2) _tile_zero(2);
+  if (n > 3) _tile_zero(3);
+  for (int64_t k = 0; k < chunks; ++k) {
+    const bf16* bk = b + k * b_step;
+    _tile_loadd(4, a_hi + 32 * k, a_stride);
+    _tile_loadd(5, a_lo + 32 * k, a_stride);
+    _tile_loadd(6, bk, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(0, 5, 6);
+    if (n > 1) { _tile_loadd(7, bk + 512, 64); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(1, 5, 7); }
+    if (n > 2) { _tile_loadd(6, bk + 1024, 64); _tile_dpbf16ps(2, 4, 6); _tile_dpbf16ps(2, 5, 6); }
+    if (n > 3) { _tile_loadd(7, bk + 1536, 64); _tile_dpbf16ps(3, 4, 7); _tile_dpbf16ps(3, 5, 7); }
+  }
+  _tile_stored(0, c, c_stride);
+  if (n > 1) _tile_stored(1, c + 16, c_stride);
+  if (n > 2) _tile_stored(2, c + 32, c_stride);
+  if (n > 3) _tile_stored(3, c + 48, c_stride);
 }
 
-// One row's raw scores (key groups 0 .. last_key / 16) -> bf16 probabilities p16 (zeros up to
-// padded_keys); returns their fp32 sum. Only the last group holds keys past the row's own (masked):
-// max, then exp and sum and the bf16 rounding in one pass.
-inline float softmax_row_bf16(const F16* scores, int64_t last_key, float scale, bf16* p16, int64_t padded_keys) {
-  const int64_t seen = last_key / kKeys + 1;
-  const __mmask16 visible = static_cast<__mmask16>((2u << (last_key % kKeys)) - 1);  // lanes 0 .. last_key % 16
-  const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  auto group = [&](int64_t kg) {
-    const __m512 v = __builtin_bit_cast(__m512, scores[kg]);
-    return kg + 1 < seen ? v : _mm512_mask_blend_ps(visible, minus_inf, v);
-  };
-  __m512 m = group(0);
-  for (int64_t kg = 1; kg < seen; ++kg) m = _mm512_max_ps(m, group(kg));
-  const __m512 shift = _mm512_set1_ps(-_mm512_reduce_max_ps(m) * scale), s = _mm512_set1_ps(scale);
-  const __m512 floor = _mm512_set1_ps(-87.f);
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t kg = 0; kg < seen; ++kg) {
-    const __m512 x = _mm512_fmadd_ps(group(kg), s, shift);  // -inf where masked
-    const __m512 p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, floor, _CMP_GT_OQ), exp_fast(x));
-    sum = _mm512_add_ps(sum, p);
-    store16(p16 + kg * kKeys, __builtin_bit_cast(F16, p));
+// Keys key0 .. key0+7 (pairs of one 16-key group) of one kv head's values -> rows 8 half .. of the
+// chunk's B tiles, one per 16-dim block: row i = (v[2i][d], v[2i+1][d]) for the block's 16 dims.
+// Keys at or past num_keys are zeros (the cache's unused slots may hold anything).
+template <int NV>
+inline void interleave_values(const bf16* v_cache, const int64_t* offsets, int64_t head, int64_t key0, int64_t half,
+                              int64_t num_keys, bf16* tiles) {
+  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
+                                      5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  for (int64_t i = 0; i < 8; ++i) {
+    const int64_t a = key0 + 2 * i, b = a + 1;
+    bf16* row = tiles + (8 * half + i) * 32;
+    for (int64_t c = 0; c < NV; c += 2) {  // 32 dims: two 16-dim blocks
+      const __m512i va = a < num_keys ? _mm512_loadu_si512(v_cache + offsets[a] + head + 16 * c) : _mm512_setzero_si512();
+      const __m512i vb = b < num_keys ? _mm512_loadu_si512(v_cache + offsets[b] + head + 16 * c) : _mm512_setzero_si512();
+      _mm512_storeu_si512(row + c * 512, _mm512_permutex2var_epi16(va, lo, vb));
+      _mm512_storeu_si512(row + (c + 1) * 512, _mm512_permutex2var_epi16(va, hi, vb));
+    }
   }
-  std::memset(p16 + seen * kKeys, 0, (padded_keys - seen * kKeys) * sizeof(bf16));
-  return _mm512_reduce_add_ps(sum);
 }
 
 template <int NV>
 void run_item_amx(const WorkItem& w, const Geometry& g, const bf16* q, const bf16* k_cache, const bf16* v_cache,
                   const int32_t* table, int64_t token0, int64_t new_tokens, int64_t context, bf16* out) {
   static_assert(NV % 2 == 0, "a tile row holds 32 dims: head_dim must be a multiple of 32");
-  constexpr int64_t D = NV * 16, kSteps = NV / 2;  // 32-dim steps of the score product
+  constexpr int64_t D = NV * 16, kSteps = D / 32;
   const int64_t tile = w.q_end - w.q_begin, group = g.group, rows = tile * group;
   const int64_t blocks = (rows + 15) / 16, padded_rows = blocks * 16;
-  const int64_t key_stride = g.num_kv_heads * D;
-  const int64_t first_pos = context - new_tokens;
-  const int64_t num_keys = first_pos + w.q_end;
-  const int64_t key_groups = (num_keys + kKeys - 1) / kKeys;
-  const int64_t chunks = (num_keys + 31) / 32, padded_keys = chunks * 32;
-  auto last_key = [&](int64_t r) { return first_pos + w.q_begin + r / group; };  // the last key row r sees
+  const int64_t heads = g.num_kv_heads, key_stride = heads * D;
+  const int64_t first_pos = context - new_tokens;  // position of new token 0
+  const int64_t num_keys = first_pos + w.q_end;    // the tile's last token sees keys 0 .. num_keys-1
+  // row r (pad rows: the last's) sees keys first_key[r] .. last_key[r] (its own position)
+  thread_local std::vector<int64_t> last_key, first_key;
+  last_key.resize(padded_rows);
+  first_key.resize(padded_rows);
+  for (int64_t r = 0; r < padded_rows; ++r) {
+    last_key[r] = first_pos + w.q_begin + std::min(r, rows - 1) / group;
+    first_key[r] = g.first_key(last_key[r]);
+  }
+  // the buffers hold key groups g0 .. key_groups-1: from the item's first seen group, rounded down to
+  // a 32-key chunk (c0)
+  const int64_t g0 = first_key[0] / kKeys / 2 * 2, c0 = g0 / 2;
+  const int64_t key_groups = (num_keys + kKeys - 1) / kKeys, held = key_groups - g0, chunks = (held + 1) / 2;
+  // row r sees key groups [first_group(r), groups_seen(r)); a row block, the union of its rows'
+  auto first_group = [&](int64_t r) { return first_key[r] / kKeys; };
+  auto groups_seen = [&](int64_t r) { return last_key[r] / kKeys + 1; };
+  const bool direct = g.block_size % kKeys == 0;  // a 16-key group is one run of slots of one block
 
-  thread_local std::vector<bf16> q_rows, keys_t, values, probs16;
-  thread_local std::vector<F16> scores;
-  thread_local std::vector<float> row_sum, block_out;
-  q_rows.assign(padded_rows * D, 0);
-  keys_t.resize(key_groups * kSteps * 512);
-  values.resize(chunks * NV * 512);
-  probs16.resize(padded_rows * padded_keys);
-  scores.resize(padded_rows * key_groups);
-  row_sum.resize(rows);
-  block_out.resize(16 * D);
+  // per kv head h: q_t + h * q_t_head, scores + h * padded_rows * held, values + h * chunks * NV * 512
+  thread_local std::vector<int32_t> q_t;  // [heads][blocks][steps][16 dim pairs][16 rows]: B of the scores
+  thread_local std::vector<F16> scores;   // [heads][padded_rows][held]: scores, then probabilities
+  thread_local std::vector<bf16> p_hi, p_lo;  // [padded_rows][chunks * 32]: A of P V
+  thread_local std::vector<bf16> values;  // [heads][chunks][NV][16 key pairs][32]: B of P V
+  thread_local std::vector<bf16> gathered;  // [16][D]: one key group, where groups span blocks
+  thread_local std::vector<float> row_sum, c_t, block_out;
+  const int64_t q_t_head = blocks * kSteps * 256, scores_head = padded_rows * held, values_head = chunks * NV * 512;
+  q_t.resize(heads * q_t_head);
+  scores.resize(heads * scores_head);
+  p_hi.assign(padded_rows * chunks * 32, 0);
+  p_lo.assign(padded_rows * chunks * 32, 0);
+  values.resize(heads * values_head);
+  gathered.resize(direct ? 0 : kKeys * D);
+  row_sum.resize(padded_rows);
+  c_t.resize(4 * 256);
+  block_out.resize(16 * std::min<int64_t>(NV, 4) * 16);
   const int64_t* offsets = key_row_offsets(table, g.block_size, num_keys, key_stride);
+  const int64_t p_stride = chunks * 32;
   configure_tiles();
 
-  for (int64_t kvh = 0; kvh < g.num_kv_heads; ++kvh) {
-    for (int64_t r = 0; r < rows; ++r) {
-      const bf16* src = q + (token0 + w.q_begin + r / group) * g.q_stride_token + (kvh * group + r % group) * g.q_stride_head;
-      std::memcpy(q_rows.data() + r * D, src, D * sizeof(bf16));
-    }
-    // keys^T: per group of 16 keys and 32-dim step, a 16 x 16 transpose of 32-bit dim pairs
-    for (int64_t kg = 0; kg < key_groups; ++kg) {
-      const int64_t key0 = kg * kKeys, n = std::min(kKeys, num_keys - key0);
+  // queries as B: per kv head, block and 32-dim step, the 16 rows' dim pairs transposed (pad rows zero)
+  for (int64_t kvh = 0; kvh < heads; ++kvh)
+    for (int64_t rb = 0; rb < blocks; ++rb)
       for (int64_t s = 0; s < kSteps; ++s) {
         F16 block[16];
-        for (int64_t j = 0; j < 16; ++j)
-          block[j] = j < n ? load16(reinterpret_cast<const float*>(k_cache + offsets[key0 + j] + kvh * D + 32 * s))
-                           : F16{};
+        for (int64_t n = 0; n < 16; ++n) {
+          const int64_t r = rb * 16 + n;
+          const bf16* src = q + (token0 + w.q_begin + r / group) * g.q_stride_token + (kvh * group + r % group) * g.q_stride_head;
+          block[n] = r < rows ? load16(reinterpret_cast<const float*>(src + 32 * s)) : F16{};
+        }
         transpose16(block);
-        std::memcpy(keys_t.data() + (kg * kSteps + s) * 512, block, sizeof(block));
+        std::memcpy(q_t.data() + kvh * q_t_head + (rb * kSteps + s) * 256, block, sizeof(block));
       }
-    }
-    // values: per chunk of 32 keys and 16-dim block, key pairs interleaved
-    for (int64_t c = 0; c < chunks; ++c)
-      for (int64_t p = 0; p < 16; ++p) {
-        const int64_t a = c * 32 + 2 * p, b = a + 1;
-        for (int64_t nb = 0; nb < NV; ++nb) {
-          __m512i pair = _mm512_setzero_si512();
-          if (b < num_keys)
-            pair = interleave_rows(v_cache + offsets[a] + kvh * D + 16 * nb, v_cache + offsets[b] + kvh * D + 16 * nb);
-          else if (a < num_keys)
-            pair = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v_cache + offsets[a] + kvh * D + 16 * nb)));
-          _mm512_storeu_si512(values.data() + ((c * NV + nb) * 16 + p) * 32, pair);
+  // scores, group by group and every kv head of it (a key's heads are one run of memory), up to four
+  // row blocks per key load, masked; the values laid out as B tiles on the way (both streams read
+  // once); the next group's rows go to L2 meanwhile, a share of its keys per kv head
+  prefetch_key_rows(k_cache, offsets, g0 * kKeys, std::min(kKeys, num_keys - g0 * kKeys), key_stride);
+  prefetch_key_rows(v_cache, offsets, g0 * kKeys, std::min(kKeys, num_keys - g0 * kKeys), key_stride);
+  for (int64_t kg = g0; kg < key_groups; ++kg) {
+    const int64_t key0 = kg * kKeys, n = std::min(kKeys, num_keys - key0);
+    const int64_t next = key0 + kKeys, m = std::min(kKeys, num_keys - next);
+    // row blocks that see this group: causal from below, a window from above
+    int64_t rb0 = 0, rb1 = blocks;
+    while (rb0 < blocks && groups_seen(rb0 * 16 + 15) <= kg) ++rb0;
+    while (rb1 > rb0 && first_group((rb1 - 1) * 16) > kg) --rb1;
+    for (int64_t kvh = 0; kvh < heads; ++kvh) {
+      const int64_t head = kvh * D;
+      if (m > 0) {
+        prefetch_key_rows(k_cache, offsets, next, m, key_stride, kvh, heads);
+        prefetch_key_rows(v_cache, offsets, next, m, key_stride, kvh, heads);
+      }
+      // a key past the last (a direct load reads the block's unused slots) only fills its own
+      // C^T row, and mask_keys drops it
+      const bf16* keys = k_cache + offsets[key0] + head;
+      int64_t keys_stride = key_stride * 2;
+      if (!direct) {
+        std::memset(gathered.data(), 0, gathered.size() * sizeof(bf16));
+        for (int64_t j = 0; j < n; ++j) std::memcpy(gathered.data() + j * D, k_cache + offsets[key0 + j] + head, D * 2);
+        keys = gathered.data(), keys_stride = D * 2;
+      }
+      F16* head_scores = scores.data() + kvh * scores_head;
+      for (int64_t rb = rb0; rb < rb1; rb += 4) {
+        const int64_t nb = std::min<int64_t>(4, rb1 - rb);
+        tile_products(nb, kSteps, keys, keys_stride, reinterpret_cast<const bf16*>(q_t.data() + kvh * q_t_head) + rb * kSteps * 512,
+                      512, kSteps * 512, c_t.data(), 4 * 16 * 4);
+        for (int64_t b = 0; b < nb; ++b) {
+          F16 block[16];  // block[j]: key j's scores of the 16 rows -> block[n]: row n's of the 16 keys
+          for (int64_t j = 0; j < 16; ++j) block[j] = load16(c_t.data() + j * 64 + b * 16);
+          transpose16(block);
+          const int64_t r0 = (rb + b) * 16, real = std::min<int64_t>(16, rows - r0);  // pad rows are never read
+          for (int64_t i = 0; i < real; ++i) block[i] *= g.scale;
+          cap_scores(block, real, g.softcap);
+          for (int64_t i = 0; i < real; ++i)
+            head_scores[(r0 + i) * held + kg - g0] = mask_keys(block[i], key0, first_key[r0 + i], last_key[r0 + i]);
         }
       }
+      bf16* head_values = values.data() + kvh * values_head;
+      interleave_values<NV>(v_cache, offsets, head, key0, kg % 2, num_keys, head_values + (kg / 2 - c0) * NV * 512);
+      if (kg + 1 == key_groups && kg % 2 == 0)  // the last chunk's second half: past the keys, zeros
+        interleave_values<NV>(v_cache, offsets, head, next, 1, num_keys, head_values + (chunks - 1) * NV * 512);
+    }
+  }
 
-    // scores = Q K^T, four key groups per pass over a row block's queries
-    for (int64_t rb = 0; rb < blocks; ++rb) {
-      const int64_t groups = last_key(std::min(rows, rb * 16 + 16) - 1) / kKeys + 1;
-      const bf16* a_base = q_rows.data() + rb * 16 * D;
-      float* c_base = reinterpret_cast<float*>(scores.data() + rb * 16 * key_groups);
-      for (int64_t kg = 0; kg < groups; kg += 4)
-        tile_products(std::min<int64_t>(4, groups - kg), kSteps, a_base, D * 2, keys_t.data() + kg * kSteps * 512, 512,
-                      kSteps * 512, c_base + kg * 16, key_groups * 64);
-    }
-    // scale, causal mask, softmax in fp32; the probabilities to bf16 for the value product
-    for (int64_t r = 0; r < padded_rows; ++r) {
-      bf16* p16 = probs16.data() + r * padded_keys;
-      if (r >= rows) {
-        std::memset(p16, 0, padded_keys * sizeof(bf16));
-        continue;
-      }
-      row_sum[r] = softmax_row_bf16(scores.data() + r * key_groups, last_key(r), g.scale, p16, padded_keys);
-    }
-    // out = P V / row sums, up to four 16-dim blocks per pass over the row block's probabilities
+  for (int64_t kvh = 0; kvh < heads; ++kvh) {
+    F16* head_scores = scores.data() + kvh * scores_head;
+    const bf16* head_values = values.data() + kvh * values_head;
     for (int64_t rb = 0; rb < blocks; ++rb) {
       const int64_t r_end = std::min(rows, rb * 16 + 16);
-      const int64_t used_chunks = last_key(r_end - 1) / 32 + 1;
-      const bf16* a_base = probs16.data() + rb * 16 * padded_keys;
-      for (int64_t nb0 = 0; nb0 < NV; nb0 += 4)
-        tile_products(std::min<int64_t>(4, NV - nb0), used_chunks, a_base, padded_keys * 2, values.data() + nb0 * 512,
-                      NV * 512, 512, block_out.data() + nb0 * 16, D * 4);
+      const int64_t cb0 = first_group(rb * 16) / 2 - c0, cb1 = (groups_seen(r_end - 1) + 1) / 2 - c0;
+      // softmax in fp32, in place (zeros outside the row's keys); then hi and lo bf16 halves
       for (int64_t r = rb * 16; r < r_end; ++r) {
-        const int64_t token = w.q_begin + r / group, h = kvh * group + r % group;
-        bf16* dst = out + (token0 + token) * g.out_stride_token + h * g.out_stride_head;
-        const float inv = 1.f / row_sum[r];
-        for (int64_t c = 0; c < NV; ++c) store16(dst + 16 * c, load16(block_out.data() + (r - rb * 16) * D + 16 * c) * inv);
+        F16* pr = head_scores + r * held;
+        row_sum[r] = softmax_row(pr, first_group(r) - g0, groups_seen(r) - g0, held, g.sink(kvh * group + r % group));
+        for (int64_t kg = 2 * cb0; kg < std::min(2 * cb1, held); ++kg) {
+          const __m256bh hi = _mm512_cvtneps_pbh(__builtin_bit_cast(__m512, pr[kg]));
+          const F16 back = load16(reinterpret_cast<const bf16*>(&hi));
+          const __m256bh lo = _mm512_cvtneps_pbh(__builtin_bit_cast(__m512, pr[kg] - back));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(p_hi.data() + r * p_stride + kg * kKeys), (__m256i)hi);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(p_lo.data() + r * p_stride + kg * kKeys), (__m256i)lo);
+        }
+      }
+      // out = P V / row sums, up to four 16-dim blocks per pass over the block's probabilities
+      for (int64_t nb0 = 0; nb0 < NV; nb0 += 4) {
+        const int64_t nd = std::min<int64_t>(4, NV - nb0);
+        const int64_t a = rb * 16 * p_stride + cb0 * 32;
+        weigh_tiles(nd, cb1 - cb0, p_hi.data() + a, p_lo.data() + a, p_stride * 2,
+                    head_values + (cb0 * NV + nb0) * 512, NV * 512, block_out.data(), nd * 16 * 4);
+        for (int64_t r = rb * 16; r < r_end; ++r) {
+          const int64_t token = w.q_begin + r / group, h = kvh * group + r % group;
+          bf16* dst = out + (token0 + token) * g.out_stride_token + h * g.out_stride_head + nb0 * 16;
+          const float inv = 1.f / row_sum[r];
+          for (int64_t c = 0; c < nd; ++c) store16(dst + 16 * c, load16(block_out.data() + (r - rb * 16) * nd * 16 + 16 * c) * inv);
+        }
       }
     }
   }

@@ -28,7 +28,7 @@ namespace bulkrun_cpu {
 namespace {
 
 constexpr int64_t kQueryTile = 32;
-constexpr int64_t kAmxQueryTile = 64;  // on AMX: each item lays out its keys and values once, for more rows
+constexpr int64_t kAmxQueryTile = 64;  // on AMX: each item reads its keys and values once, for more rows
 constexpr int64_t kKeys = 16;  // keys per score vector (one F16)
 constexpr int64_t kRowBlock = 8;  // query rows scored together against transposed keys
 // decode rows: each group of keys is prefetched into L2 a group ahead, and each key into L1 this many
@@ -365,36 +365,20 @@ void run_item_few(const WorkItem& w, const Geometry& g, const T* q, const T* k_c
 }  // namespace
 }  // namespace bulkrun_cpu
 
-#include "attention_amx.h"     // run_item_amx: prompt chunks on AMX tiles where the CPU has them
 #include "attention_dpbf16.h"  // run_item_dpbf16: every bf16 item on AVX512-BF16 dot products
+#include "attention_amx.h"     // run_item_amx: every bf16 item on AMX tiles where the CPU has them
 
 namespace bulkrun_cpu {
 namespace {
 
-// Whether bf16 items run on AVX512-BF16 dot products here (run_item_dpbf16: invariant at any tile).
-constexpr bool kDpbf16Attention =
-#ifdef BULKRUN_DPBF16_ATTENTION
-    true;
-#else
-    false;
-#endif
+// The path every bf16 item of a call takes, whatever its rows (each computes a row alike in any
+// tile, so prompt chunks keep many rows per item and stay batch invariant): AMX tiles, AVX512-BF16
+// dot products, or neither (decode-sized items on run_item_few, prompt chunks on run_item).
+enum class Bf16Path { kAmx, kDotProducts, kFma };
 
-// Prompt-chunk items on AMX where it runs (bf16, head_dim a multiple of 32), else on AVX-512 FMAs.
-template <int NV, typename T>
-void run_item_best(const WorkItem& w, const Geometry& g, const T* q, const T* k, const T* v,
-                   const int32_t* table, int64_t token0, int64_t new_tokens, int64_t context, T* out) {
-#ifdef BULKRUN_AMX
-  if constexpr (std::is_same_v<T, bf16> && NV % 2 == 0)
-    if (g.plain() && amx_ready()) return run_item_amx<NV>(w, g, q, k, v, table, token0, new_tokens, context, out);
-#endif
-  run_item<NV, T>(w, g, q, k, v, table, token0, new_tokens, context, out);
-}
-
-// every_item_dp: every bf16 item on run_item_dpbf16 (else prompt chunks keep AMX tiles, decode rows
-// still take it)
 template <int NV, typename T>
 void run_all(const std::vector<WorkItem>& items, const Geometry& g, const T* q, const T* k, const T* v,
-             const int32_t* tables, const int32_t* starts, const int32_t* lens, T* out, bool every_item_dp) {
+             const int32_t* tables, const int32_t* starts, const int32_t* lens, T* out, Bf16Path path) {
   std::atomic<int64_t> next{0};
   const int64_t count = static_cast<int64_t>(items.size());
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
@@ -403,20 +387,27 @@ void run_all(const std::vector<WorkItem>& items, const Geometry& g, const T* q, 
       const int32_t* table = tables + w.seq * g.max_blocks;
       const int64_t token0 = starts[w.seq], new_tokens = starts[w.seq + 1] - starts[w.seq];
       const int64_t rows = (w.q_end - w.q_begin) * g.group;  // rows per kv head
-#ifdef BULKRUN_DPBF16_ATTENTION
       if constexpr (std::is_same_v<T, bf16>) {
-        if (every_item_dp || rows <= 5) {
+#ifdef BULKRUN_AMX
+        if constexpr (NV % 2 == 0)
+          if (path == Bf16Path::kAmx) {
+            run_item_amx<NV>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out);
+            continue;
+          }
+#endif
+#ifdef BULKRUN_DPBF16_ATTENTION
+        if (path == Bf16Path::kDotProducts) {
           run_item_dpbf16<NV>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out);
           continue;
         }
-      }
 #endif
+      }
       switch (rows) {
 #define BULKRUN_FEW(R) \
   case R: run_item_few<NV, R, T>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out); break;
         BULKRUN_FEW(1) BULKRUN_FEW(2) BULKRUN_FEW(3) BULKRUN_FEW(4) BULKRUN_FEW(5)
 #undef BULKRUN_FEW
-        default: run_item_best<NV, T>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out);
+        default: run_item<NV, T>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out);
       }
     }
   });
@@ -426,7 +417,7 @@ template <typename T>
 void dispatch_head_dim(const std::vector<WorkItem>& items, const Geometry& g, const at::Tensor& q,
                        const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
                        const int32_t* starts, const int32_t* lens, at::Tensor& out, int64_t head_dim,
-                       bool every_item_dp) {
+                       Bf16Path path) {
   const T* qp = static_cast<const T*>(q.data_ptr());
   const T* kp = static_cast<const T*>(k_cache.data_ptr());
   const T* vp = static_cast<const T*>(v_cache.data_ptr());
@@ -434,7 +425,7 @@ void dispatch_head_dim(const std::vector<WorkItem>& items, const Geometry& g, co
   T* op = static_cast<T*>(out.data_ptr());
   switch (head_dim / 16) {  // head sizes 16 .. 128, and 256
 #define BULKRUN_CASE(NV) \
-  case NV: run_all<NV, T>(items, g, qp, kp, vp, tables, starts, lens, op, every_item_dp); break;
+  case NV: run_all<NV, T>(items, g, qp, kp, vp, tables, starts, lens, op, path); break;
     BULKRUN_CASE(1) BULKRUN_CASE(2) BULKRUN_CASE(3) BULKRUN_CASE(4) BULKRUN_CASE(5) BULKRUN_CASE(6)
     BULKRUN_CASE(7) BULKRUN_CASE(8) BULKRUN_CASE(16)
 #undef BULKRUN_CASE
@@ -486,15 +477,16 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
     g.sinks = sinks->data_ptr<float>();
   }
 
-  const bool bf16_dp = dtype == at::kBFloat16 && kDpbf16Attention;
-  const bool amx = dtype == at::kBFloat16 && head_dim % 32 == 0 && g.plain() && attention_amx();
-  // Batch invariant: the bf16 dot-product path computes a row alike in any tile, so prompt chunks
-  // keep many rows per item; elsewhere one query token per item, so every token takes a decode row's
-  // path (the same code and key order whatever its chunk, its batch or a recompute), giving up the
-  // many-row paths (AMX tiles, rows scored against transposed keys).
-  const int64_t tile_tokens = batch_invariant ? (bf16_dp ? kQueryTile : 1) : amx ? kAmxQueryTile : kQueryTile;
-  // not invariant, AMX tiles stay the faster path for prompt chunks where the CPU has them
-  const bool every_item_dp = bf16_dp && (batch_invariant || !amx);
+  // bf16: AMX tiles where the CPU has them (head_dim a multiple of 32), else AVX512-BF16 dot
+  // products; both compute a row alike in any tile. Otherwise (fp32; bf16 on neither), batch
+  // invariant means one query token per item, so every token takes a decode row's path (the same
+  // code and key order whatever its chunk, its batch or a recompute), giving up the many-row path.
+  Bf16Path path = Bf16Path::kFma;
+  if (dtype == at::kBFloat16 && head_dim % 32 == 0 && attention_amx()) path = Bf16Path::kAmx;
+#ifdef BULKRUN_DPBF16_ATTENTION
+  else if (dtype == at::kBFloat16) path = Bf16Path::kDotProducts;
+#endif
+  const int64_t tile_tokens = path == Bf16Path::kAmx ? kAmxQueryTile : path == Bf16Path::kFma && batch_invariant ? 1 : kQueryTile;
   const int64_t num_seqs = seq_lens.size(0);
   const int32_t* starts = query_start_loc.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
@@ -516,9 +508,9 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
 
   if (dtype == at::kBFloat16)
-    dispatch_head_dim<bf16>(items, g, q, k_cache, v_cache, block_tables, starts, lens, out, head_dim, every_item_dp);
+    dispatch_head_dim<bf16>(items, g, q, k_cache, v_cache, block_tables, starts, lens, out, head_dim, path);
   else
-    dispatch_head_dim<float>(items, g, q, k_cache, v_cache, block_tables, starts, lens, out, head_dim, every_item_dp);
+    dispatch_head_dim<float>(items, g, q, k_cache, v_cache, block_tables, starts, lens, out, head_dim, path);
 }
 
 }  // namespace bulkrun_cpu

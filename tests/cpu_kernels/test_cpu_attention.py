@@ -142,8 +142,8 @@ def test_scores_spread_far_apart_as_with_an_attention_sink():
     check((q * 40, k_cache, v_cache, tables, starts, lens))
 
 
-def test_bf16_prompt_chunks_run_on_amx_where_the_cpu_has_it():
-    # the tests above then check the AMX path (rows of 6+ per kv head, bf16) against the reference
+def test_bf16_attention_runs_on_amx_where_the_cpu_has_it():
+    # the tests above then check the AMX path (every bf16 item: decode rows and chunks) against the reference
     from bulkrun_kernels.cpu_build import cpu_flags
 
     if not {"amx_tile", "amx_bf16"} <= cpu_flags() or os.environ.get("BULKRUN_CPU_AMX") == "0":

@@ -1,7 +1,7 @@
 """The CPU native paged attention with a sliding window, attention sinks and soft-capping, against the
 PyTorch reference: decode rows (the few-rows path), prompt chunks (with earlier context), windows
 that start inside, at and across block and 16-key-group boundaries, head sizes 64 and 256, fp32 and
-bf16 (where a bf16 chunk would otherwise take the AMX tiles)."""
+bf16 (on AMX tiles where the CPU has them, as every bf16 item)."""
 
 from __future__ import annotations
 

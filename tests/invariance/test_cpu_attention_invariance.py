@@ -67,3 +67,31 @@ def test_reference_attention_without_invariance_differs():
     """The check has power: SDPA per chunk and per decode group gives fp32 rows other bits."""
     chunk, _, alone = three_ways(reference.paged_attention, torch.float32, "cpu", batch_invariant=False)
     assert not torch.equal(chunk, alone)
+
+
+@pytest.mark.skipif(not NATIVE, reason="no native kernels")
+@pytest.mark.parametrize("head_dim,extras", [(64, {}), (128, {"window": 40}), (64, {"softcap": 8.0, "sinks": True})])
+def test_cpu_attention_long_chunks_are_batch_invariant(head_dim, extras):
+    """A 150-token chunk (several work items of the many-row paths, partial row blocks) after 50
+    cached tokens: every row's bits equal the row alone as a decode step, and a 33-token re-chunking."""
+    from bulkrun_kernels import cpu_ops
+
+    g = torch.Generator().manual_seed(3)
+    context, queries, heads, kv_heads, block = 200, 150, 6, 2, 16
+    blocks = -(-context // block)
+    k = torch.randn(blocks + 1, block, kv_heads, head_dim, generator=g).bfloat16()
+    v = torch.randn(blocks + 1, block, kv_heads, head_dim, generator=g).bfloat16()
+    q = torch.randn(queries, heads, head_dim, generator=g).bfloat16()
+    table = torch.arange(blocks, dtype=torch.int32).flip(0).view(1, -1).contiguous()
+    if extras.get("sinks"):
+        extras = {**extras, "sinks": torch.linspace(-1.0, 2.0, heads)}
+
+    def rows(start: int, stop: int) -> torch.Tensor:
+        qsl = torch.tensor([0, stop - start], dtype=torch.int32)
+        lens = torch.tensor([context - queries + stop], dtype=torch.int32)
+        return cpu_ops.paged_attention(q[start:stop], k, v, table, qsl, lens, head_dim**-0.5, **extras)
+
+    whole = rows(0, queries)
+    alone = torch.cat([rows(i, i + 1) for i in range(queries)])
+    rechunked = torch.cat([rows(s, min(s + 33, queries)) for s in range(0, queries, 33)])
+    assert torch.equal(whole, alone) and torch.equal(rechunked, alone)

@@ -16,7 +16,7 @@ from bulkrun.model.config import ModelConfig
 
 NEW_TOKENS = 12
 _INVARIANCE: dict = {}  # test_the_check_has_power sets batch_invariant=False
-# head_dim 32 and K a multiple of 32: the AMX paths (linears, prompt-chunk attention) take part
+# head_dim 32 and K a multiple of 32: the AMX paths (linears, attention) take part
 SHAPE = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
 
 
@@ -84,8 +84,8 @@ def test_same_bits_in_any_batch(model_dir, dtype, kernels):
 def test_the_check_has_power(model_dir, monkeypatch):
     """Without batch invariance the same comparison fails: the test above can fail. In fp32, whose
     bits no bf16 rounding hides: the linears switch kernels with the row count and a prompt chunk's
-    attention rows take the many-row path on every CPU (in bf16 the difference shows only where the
-    variant paths round otherwise, as AMX's bf16 probabilities do)."""
+    attention rows take the many-row path on every CPU (bf16 attention computes a row alike in any
+    tile, with or without invariance)."""
     monkeypatch.setitem(_INVARIANCE, "batch_invariant", False)
     with pytest.raises(AssertionError, match="differs from its run alone"):
         test_same_bits_in_any_batch(model_dir, "float32", "cpu")
