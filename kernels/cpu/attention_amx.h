@@ -136,6 +136,7 @@ inline void interleave_values(const bf16* v_cache, const int64_t* offsets, int64
   }
 }
 
+// The caller configures the tiles (configure_tiles) once per thread and call, not per item.
 template <int NV>
 void run_item_amx(const WorkItem& w, const Geometry& g, const bf16* q, const bf16* k_cache, const bf16* v_cache,
                   const int32_t* table, int64_t token0, int64_t new_tokens, int64_t context, bf16* out) {
@@ -182,7 +183,6 @@ void run_item_amx(const WorkItem& w, const Geometry& g, const bf16* q, const bf1
   block_out.resize(16 * std::min<int64_t>(NV, 4) * 16);
   const int64_t* offsets = key_row_offsets(table, g.block_size, num_keys, key_stride);
   const int64_t p_stride = chunks * 32;
-  configure_tiles();
 
   // queries as B: per kv head, block and 32-dim step, the 16 rows' dim pairs transposed (pad rows zero)
   for (int64_t kvh = 0; kvh < heads; ++kvh)
@@ -280,7 +280,6 @@ void run_item_amx(const WorkItem& w, const Geometry& g, const bf16* q, const bf1
       }
     }
   }
-  _tile_release();
 }
 
 }  // namespace

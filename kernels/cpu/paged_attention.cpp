@@ -382,6 +382,9 @@ void run_all(const std::vector<WorkItem>& items, const Geometry& g, const T* q, 
   std::atomic<int64_t> next{0};
   const int64_t count = static_cast<int64_t>(items.size());
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+#ifdef BULKRUN_AMX
+    if (path == Bf16Path::kAmx) configure_tiles();  // once per thread: a decode step has hundreds of items
+#endif
     for (int64_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) {
       const WorkItem& w = items[i];
       const int32_t* table = tables + w.seq * g.max_blocks;
@@ -410,6 +413,9 @@ void run_all(const std::vector<WorkItem>& items, const Geometry& g, const T* q, 
         default: run_item<NV, T>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out);
       }
     }
+#ifdef BULKRUN_AMX
+    if (path == Bf16Path::kAmx) _tile_release();
+#endif
   });
 }
 
