@@ -10,9 +10,10 @@
 // invariance, docs/batch-invariance.md).
 //
 // Per item and kv head, with the query rows (token, q head of the group) in blocks of 16:
-//   scores    C^T = K Q^T on tiles: A = 16 keys straight from the cache (a 16-key group is slots of
-//             one block at the cache's key stride; no copy), B = a block's queries, dim pairs
-//             interleaved (built once per item); each 16 x 16 C^T is transposed into the rows' scores
+//   scores    C^T = K Q^T on tiles: A = 16 keys straight from the cache where a 16-key group is slots
+//             of one block (block_size a multiple of 16; else copied), B = a block's queries, dim
+//             pairs interleaved (built once per item); each 16 x 16 C^T is transposed into the rows'
+//             scores
 //   softmax   run_item's, row by row in fp32: scale, soft-cap, mask (causal, window), max with the
 //             sink, exp, sum (softmax_row)
 //   P V       A = the probabilities as hi + lo bf16 halves (p = hi + lo to ~2^-17: the value sums

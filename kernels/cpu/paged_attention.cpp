@@ -48,7 +48,6 @@ struct Geometry {
 
   int64_t first_key(int64_t pos) const { return window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0; }
   float sink(int64_t head) const { return sinks ? sinks[head] : -std::numeric_limits<float>::infinity(); }
-  bool plain() const { return window <= 0 && softcap <= 0.f && sinks == nullptr; }
 };
 
 // tanh(x) = 1 - 2 / (e^2x + 1): exact limits at both ends (vec_exp clamps, so no inf / inf)
