@@ -128,10 +128,22 @@ def _sample_rows(logits, rows, params, uniforms, width, stage) -> tuple[torch.Te
     if any(p.top_p < 1.0 for p in params):
         values, ids, narrow = _top_p(scaled, values, ids, params, stage)
     values = _min_p(values, [p.min_p for p in params], stage)
-    cdf = values.softmax(dim=-1).cumsum(dim=-1)
+    cdf = row_cumsum(values.softmax(dim=-1))
     u = stage(uniforms, torch.float32).to(cdf.dtype)[:, None] * cdf[:, -1:]
     position = torch.searchsorted(cdf, u, right=True).clamp_(max=values.shape[1] - 1)
     return (position.squeeze(1) if ids is None else ids.gather(1, position).squeeze(1)), narrow
+
+
+def row_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """Cumulative sums along each row of x [N, V], each row's order the same whatever N is.
+
+    On CUDA torch scans a one-row tensor with CUB's device-wide scan and a many-row one row by row:
+    two summation orders. Over a 128k vocabulary their rounding differs by about one token's
+    probability, so a sampled row alone and the same row beside others would draw different
+    tokens. A lone row is scanned beside a copy of itself, so it always takes the row-by-row scan."""
+    if x.shape[0] == 1 and x.is_cuda:
+        return x.expand(2, -1).cumsum(dim=-1)[:1]
+    return x.cumsum(dim=-1)
 
 
 def _top_p(scaled, values, ids, params, stage):
@@ -150,7 +162,7 @@ def _top_p(scaled, values, ids, params, stage):
     narrow = None  # a top-k row's candidates are all it may draw from: it never widens
     if values.shape[1] < scaled.shape[1] and any(p.top_k == 0 for p in params):
         narrow = (no_top_k & (probs.sum(-1, keepdim=True) < top_p)).squeeze(1)
-    outside = (probs.cumsum(dim=-1) - probs) >= top_p  # mass strictly above a token already >= top_p
+    outside = (row_cumsum(probs) - probs) >= top_p  # mass strictly above a token already >= top_p
     return values.masked_fill(outside, float("-inf")), ids, narrow
 
 
