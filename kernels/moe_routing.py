@@ -18,7 +18,10 @@ def sort_by_expert(topk_ids: torch.Tensor, num_experts: int):
     [E] int64 rows per expert (the step's expert load); offsets [E + 1] int32 run bounds."""
     flat = topk_ids.reshape(-1)
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts)
+    # not torch.bincount: on CUDA it reads the largest id back to size its output (a host sync,
+    # which a CUDA graph cannot capture); integer adds are exact in any order
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.scatter_add_(0, flat.long(), torch.ones_like(flat, dtype=torch.int64))
     offsets = torch.zeros(num_experts + 1, dtype=torch.int32, device=flat.device)
     offsets[1:] = torch.cumsum(counts, 0)
     return order, counts, offsets
@@ -41,8 +44,7 @@ def combine(y_sorted: torch.Tensor, order: torch.Tensor, topk_weights: torch.Ten
     """[T * k, H] expert outputs in sorted order -> [T, H]: sum over slots of weight * output, each
     product rounded to `dtype` before the sum (as transformers adds them into a `dtype` buffer)."""
     num_tokens, k = topk_weights.shape
-    y = torch.empty_like(y_sorted)
-    y[order] = y_sorted
+    y = torch.empty_like(y_sorted).index_copy_(0, order, y_sorted)
     weighted = (y.view(num_tokens, k, y.shape[1]) * topk_weights.unsqueeze(-1)).to(dtype)
     out = weighted[:, 0]
     for slot in range(1, k):  # slot order, left to right

@@ -9,7 +9,8 @@ both. Recorded:
 
 - reading a device value on the host: `_local_scalar_dense` (.item(), int(), float(), bool()),
   .tolist(), .numpy(), .cpu(), .to() of a device tensor;
-- ops whose result size depends on device data: nonzero, masked_select, unique, boolean-mask indexing;
+- ops whose result size depends on device data: nonzero, masked_select, unique, bincount, boolean-mask
+  indexing;
 - host tensors (more than a scalar) in an op with device tensors: an implicit blocking copy (an
   index list, torch.tensor(...) used as an index) or a device mismatch on a GPU;
 - copies between host and device tensors outside Staging, and torch.tensor/as_tensor given a device.
@@ -31,8 +32,9 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakTensorKeyDictionary
 
 aten = torch.ops.aten
+# (bincount: on CUDA it reads its input's largest value back to size the result, even with minlength)
 _SIZE_FROM_DATA = {"nonzero", "nonzero_static", "masked_select", "_unique", "_unique2", "unique_dim",
-                   "unique_consecutive", "argwhere"}  # fmt: skip
+                   "unique_consecutive", "argwhere", "bincount"}  # fmt: skip
 _HOST_READS = {"tolist", "numpy", "item", "__bool__", "__int__", "__float__", "__index__", "cpu"}
 
 
