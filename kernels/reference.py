@@ -58,8 +58,12 @@ def plan_attention(
     seq_lens: torch.Tensor,
     block_size: int,
     dtype: torch.dtype,
+    device: torch.device | None = None,
 ) -> AttentionPlan:
-    """Split a step's sequences into decode groups and chunks (one host read of the lengths)."""
+    """Split a step's sequences into decode groups and chunks (one host read of the lengths).
+    device: where the plan's index tensors and masks go (default: the block table's); a runner
+    plans from its host copies of the step's tables and runs the plan on its device."""
+    device = block_tables.device if device is None else torch.device(device)
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
     decodes, chunks = [], []
@@ -68,22 +72,23 @@ def plan_attention(
         if n == 1:
             decodes.append(s)
         elif n > 1:
-            chunks.append(_plan_chunk(block_tables[s], starts[s], n, ctx, block_size, dtype))
+            chunks.append(_plan_chunk(block_tables[s], starts[s], n, ctx, block_size, dtype, device))
     decodes.sort(key=lambda s: lens[s], reverse=True)
     groups = [
-        _plan_decode_group(block_tables, decodes[i : i + DECODE_GROUP_SIZE], starts, lens, block_size, dtype)
+        _plan_decode_group(
+            block_tables, decodes[i : i + DECODE_GROUP_SIZE], starts, lens, block_size, dtype, device
+        )
         for i in range(0, len(decodes), DECODE_GROUP_SIZE)
     ]
     return AttentionPlan(decode_groups=groups, chunks=chunks)
 
 
-def _plan_decode_group(block_tables, seqs, starts, lens, block_size, dtype) -> DecodeGroup:
-    device = block_tables.device
+def _plan_decode_group(block_tables, seqs, starts, lens, block_size, dtype, device) -> DecodeGroup:
     group_lens = [lens[s] for s in seqs]
     context = max(group_lens)
     num_blocks = -(-context // block_size)
-    seq_idx = torch.tensor(seqs, dtype=torch.long, device=device)
-    blocks = block_tables.index_select(0, seq_idx)[:, :num_blocks].reshape(-1).long()
+    seq_idx = torch.tensor(seqs, dtype=torch.long, device=block_tables.device)
+    blocks = block_tables.index_select(0, seq_idx)[:, :num_blocks].reshape(-1).long().to(device)
     mask = None
     if min(group_lens) != context:
         keys = torch.arange(context, device=device)
@@ -95,12 +100,11 @@ def _plan_decode_group(block_tables, seqs, starts, lens, block_size, dtype) -> D
     return DecodeGroup(rows, blocks, num_blocks, context, mask, positions)
 
 
-def _plan_chunk(table, start, n, context, block_size, dtype) -> ChunkWork:
+def _plan_chunk(table, start, n, context, block_size, dtype, device) -> ChunkWork:
     num_blocks = -(-context // block_size)
-    blocks = table[:num_blocks].long()
+    blocks = table[:num_blocks].long().to(device)
     mask = None
     if context != n:  # earlier context: query i sits at position context - n + i
-        device = table.device
         positions = torch.arange(context - n, context, device=device)
         too_far = torch.arange(context, device=device)[None, :] > positions[:, None]
         mask = torch.zeros(n, context, dtype=dtype, device=device).masked_fill_(too_far, float("-inf"))

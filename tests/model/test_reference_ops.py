@@ -79,6 +79,17 @@ def test_paged_attention_plan_is_reusable_across_layers():
     torch.testing.assert_close(second, ref.paged_attention(q, k2, v2, block_tables, starts, lens, 0.5))
 
 
+def test_a_plan_from_host_tables_lives_on_the_device_it_is_made_for():
+    """A GPU runner plans from its host copies of the step's tables (no device read) and runs the plan
+    on its device: every index and mask of the plan must be there ("meta" stands in for CUDA)."""
+    q, k_cache, _, _, block_tables, starts, lens = _random_batch(*MIXED_BATCHES[1], 2, 2)
+    plan = ref.plan_attention(block_tables, starts, lens, k_cache.shape[1], q.dtype, torch.device("meta"))
+    tensors = [t for g in plan.decode_groups for t in (g.rows, g.blocks, g.positions, g.mask)]
+    tensors += [t for c in plan.chunks for t in (c.blocks, c.mask)]
+    assert plan.decode_groups and plan.chunks
+    assert {t.device.type for t in tensors if t is not None} == {"meta"}
+
+
 def test_write_kv_writes_slots_and_skips_negative():
     k_cache, v_cache = torch.zeros(6, 4, 2, 8), torch.zeros(6, 4, 2, 8)
     k, v = torch.randn(4, 2, 8), torch.randn(4, 2, 8)

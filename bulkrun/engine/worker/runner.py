@@ -235,7 +235,7 @@ class ModelRunner:
         inputs.input_ids = stage(inputs.input_ids)
         inputs.logits_indices = stage(inputs.logits_indices)
         if self.ops.backend == "reference":  # host data: the plan reads it without a device sync
-            md.plan = plan_attention(*host, self.block_size, self.dtype)
+            md.plan = plan_attention(*host, self.block_size, self.dtype, self.device)
         return inputs
 
     def _largest_step(self) -> tuple[StepInputs, KVCache, list[int]]:
