@@ -49,6 +49,12 @@ def onednn_available() -> bool:
     )
 
 
+def onednn_bf16_available() -> bool:
+    """oneDNN packs bf16 weights here; without (AVX2 CPUs) it refuses them, and bf16 layers compute
+    in fp32 on an fp32 copy (Linear.io_dtype)."""
+    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def panel_kernel_available() -> bool:
     return hasattr(torch.ops, "bulkrun_cpu") and hasattr(torch.ops.bulkrun_cpu, "small_gemm")
 
@@ -78,16 +84,26 @@ class Linear(nn.Module):
         self.tile_bias: torch.Tensor | None = None
         self.tile_kernel: str | None = None  # the op that runs them: "amx" or "dpbf16" (cpu_gemm)
         self.invariant = True  # every row count takes one fixed-order kernel (set_batch_invariant)
+        # where oneDNN has no bf16 path (AVX2 CPUs) a bf16 layer keeps fp32 weights and computes in
+        # fp32: inputs and outputs stay in this dtype (pack_for_cpu's upcast)
+        self.io_dtype: torch.dtype | None = None
 
     @property
     def dtype(self) -> torch.dtype:
         """The dtype inputs must have: the weight's, or its packed copy's once the plain one is dropped."""
+        if self.io_dtype is not None:
+            return self.io_dtype
         for t in (self.weight, self.packed, self.panels, self.tiles):
             if t is not None:
                 return t.dtype
         raise RuntimeError("a Linear without weights")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.io_dtype is not None:
+            return self._forward(x.float()).to(self.io_dtype)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         small = x.shape[0] <= SMALL_ROWS
         if self.tiles is not None and (self.invariant or self.packed is None or small):
             return bf16_gemm(x, self.tiles, self.tile_bias, self.out_features, kernel=self.tile_kernel)
@@ -126,12 +142,18 @@ class Linear(nn.Module):
         return y
 
     def pack_for_cpu(
-        self, batch_hint: int = 64, panels: bool = False, onednn: bool = True, fixed_order: str | None = None
-    ) -> None:
+        self, batch_hint: int = 64, panels: bool = False, onednn: bool = True, fixed_order: str | None = None,
+        upcast: bool = False,
+    ) -> None:  # fmt: skip
         """Replace the weight by the fixed-order bf16 GEMM's tiles (fixed_order: the kernel, "amx" or
         "dpbf16"; a not-invariant layer with `onednn` also keeps oneDNN's copy for large steps), or its
-        oneDNN-blocked copy and/or its panel copy (fp32 only)."""
+        oneDNN-blocked copy and/or its panel copy (fp32 only). upcast: pack an fp32 copy of a bf16
+        layer, which then computes in fp32 and rounds its output to bf16."""
         weight = self.weight.detach()
+        if upcast:
+            self.io_dtype, weight = weight.dtype, weight.float()
+            if self.bias is not None:
+                self.bias = nn.Parameter(self.bias.detach().float(), requires_grad=False)
         if fixed_order:
             self.tiles, self.tile_kernel = pack_amx(weight), fixed_order
             self.tile_bias = pad_bias(self.bias, self.tiles)
@@ -180,6 +202,7 @@ def pack_linears_for_cpu(model: nn.Module, panels: bool | None = None) -> bool:
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     if any(m.weight.device.type != "cpu" or m.weight.dtype not in _PACKABLE for m in linears):
         return False
+    onednn_bf16 = onednn_bf16_available()
     native = panels
     fixed_order = fixed_order_bf16_kernel() if native else None  # AMX tiles, AVX512-BF16 dot products
     panels = native and panel_kernel_available()
@@ -191,6 +214,9 @@ def pack_linears_for_cpu(model: nn.Module, panels: bool | None = None) -> bool:
 
     def pack(m: Linear) -> None:
         fp32 = m.weight.dtype == torch.float32
+        if not fp32 and not onednn_bf16:  # the fp32 layers' kernels, on an fp32 copy
+            with_panels = panels and m.invariant
+            return m.pack_for_cpu(panels=with_panels, onednn=not with_panels, upcast=True)
         tiles = fixed_order and not fp32 and amx_packable(m.weight)
         if m.invariant:
             if tiles:

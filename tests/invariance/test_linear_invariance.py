@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bulkrun.model.linear import Linear, set_batch_invariant
+from bulkrun.model.linear import Linear, onednn_bf16_available, pack_linears_for_cpu, set_batch_invariant
 from bulkrun_kernels import cpu_build
 from bulkrun_kernels.cpu_gemm import fixed_order_bf16_kernel
 
@@ -23,7 +23,15 @@ def _layer(n, k, dtype, **pack):
 
 
 PACKINGS = [
-    pytest.param(torch.bfloat16, {"onednn": True}, id="bf16-onednn-tiles"),
+    pytest.param(
+        torch.bfloat16, {"onednn": True}, id="bf16-onednn-tiles",
+        marks=pytest.mark.skipif(not onednn_bf16_available(), reason="oneDNN has no bf16 path here"),
+    ),
+    pytest.param(torch.bfloat16, {"onednn": True, "upcast": True}, id="bf16-upcast-onednn-tiles"),
+    pytest.param(
+        torch.bfloat16, {"panels": True, "onednn": False, "upcast": True}, id="bf16-upcast-panels",
+        marks=pytest.mark.skipif(not NATIVE, reason="no native kernels"),
+    ),
     pytest.param(torch.float32, {"onednn": True}, id="fp32-onednn-tiles"),
     pytest.param(
         torch.float32, {"panels": True, "onednn": True}, id="fp32-panels",
@@ -73,3 +81,26 @@ def test_not_invariant_bf16_runs_the_fixed_order_kernel_on_decode_sized_steps_on
     assert torch.equal(layer(small), tiles)
     onednn = torch.ops.mkldnn._linear_pointwise(large, layer.packed, layer.bias, "none", [], "")
     assert torch.equal(layer(large), onednn)
+
+
+@pytest.mark.parametrize("invariant", [True, False])
+def test_without_onednn_bf16_a_bf16_layer_computes_in_fp32(monkeypatch, invariant):
+    """AVX2 CPUs: oneDNN refuses bf16 weights, so packing keeps an fp32 copy; the layer still takes
+    and returns bf16 (what the model around it holds) and equals the fp32 product rounded once."""
+    monkeypatch.setattr("bulkrun.model.linear.onednn_bf16_available", lambda: False)
+    layer = Linear(576, 960, bias=True)
+    layer.weight.data = torch.randn(960, 576, generator=G).bfloat16()
+    layer.bias.data = torch.randn(960, generator=G).bfloat16()
+    expected_weight, expected_bias = layer.weight.data.float(), layer.bias.data.float()
+    model = torch.nn.Sequential(layer)
+    set_batch_invariant(model, invariant)
+    assert pack_linears_for_cpu(model, panels=NATIVE)
+    assert layer.io_dtype == torch.bfloat16 and layer.dtype == torch.bfloat16
+    assert (layer.packed if layer.packed is not None else layer.panels).dtype == torch.float32
+    x = torch.randn(70, 576, generator=G).bfloat16()
+    got = layer(x)
+    assert got.dtype == torch.bfloat16
+    expected = torch.nn.functional.linear(x.float(), expected_weight, expected_bias)
+    torch.testing.assert_close(got.float(), expected, atol=0.05, rtol=0.01)
+    if invariant:
+        assert torch.equal(layer(x[:1]), got[:1]) and torch.equal(layer(x[:9]), got[:9])
