@@ -47,15 +47,15 @@ DRY_RUN=0
 [[ "${GPU_CHECK_DRY_RUN:-}" == 1 ]] && DRY_RUN=1
 
 # stage table: number name own-limit-seconds needs-cuda (the commands are in run_all below)
-STAGE_TABLE="01 environment 15 0
-02 kernel-tests 70 0
-03 attention 35 0
-04 engine-triton 45 0
-05 cuda-graphs 40 1
-06 memory 30 1
+STAGE_TABLE="01 environment 30 0
+02 kernel-tests 95 0
+03 attention 25 0
+04 engine-triton 40 0
+05 cuda-graphs 30 1
+06 memory 25 1
 07 bench-1b 55 1
-08 gemma3 45 0
-09 qwen3-moe 50 0
+08 gemma3 40 0
+09 qwen3-moe 45 0
 10 invariance 35 0"
 if [[ $CPU_SMOKE == 1 ]]; then
   STAGE_TABLE="${STAGE_TABLE/07 bench-1b 55 1/07 bench-tiny 55 0}"

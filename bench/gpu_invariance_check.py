@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -34,7 +35,8 @@ from gpu_stage import Stage  # noqa: E402
 from bulkrun.engine.core.params import EngineRequest, SamplingParams  # noqa: E402
 from bulkrun.engine.load import load_engine  # noqa: E402
 
-COST_NEEDS_S = 15  # a second engine's load, and two timed runs
+COST_NEEDS_S = 15  # a second engine's load, and the alternating timed runs
+ROUNDS = 3
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -74,6 +76,24 @@ def moved(run: dict, alone: dict) -> int:
     return sum(run[i] != alone[i] for i in alone)
 
 
+def how_moved(run: dict, alone: dict) -> list[str]:
+    """Each moved request: greedy or sampled, and the first output index whose token or log-probability
+    differs (what tells a logits bug from a sampling one)."""
+    notes = []
+    for i in sorted(alone):
+        if run[i] == alone[i]:
+            continue
+        (tokens, logprobs), (tokens0, logprobs0) = run[i], alone[i]
+        first_token = next((j for j, (a, b) in enumerate(zip(tokens, tokens0, strict=False)) if a != b), None)
+        first_logprob = next(
+            (j for j, (a, b) in enumerate(zip(logprobs, logprobs0, strict=False)) if a != b), None
+        )
+        kind = "sampled" if i % 2 else "greedy"
+        notes.append(f"request {i} ({kind}): first token difference at {first_token}, "
+                     f"first log-probability difference at {first_logprob}")  # fmt: skip
+    return notes
+
+
 def check_invariance(args, stage: Stage, model_dir: Path, engine, prompts, max_tokens: int) -> None:
     alone, together = alone_and_together(engine, prompts, max_tokens)
     budget = 8 if args.tiny else 64
@@ -84,35 +104,44 @@ def check_invariance(args, stage: Stage, model_dir: Path, engine, prompts, max_t
     release(args.device)
     runs = {"all together": together, f"reversed, {budget}-token budget, 4 sequences": chunked}
     figures = {"requests": len(prompts), "prompt_lengths": [len(p) for p in prompts], "max_tokens": max_tokens,
-               "moved_from_alone": {name: moved(run, alone) for name, run in runs.items()}}  # fmt: skip
+               "moved_from_alone": {name: moved(run, alone) for name, run in runs.items()},
+               "how_moved": {name: how_moved(run, alone) for name, run in runs.items()}}  # fmt: skip
     for name, count in figures["moved_from_alone"].items():
         print(f"{name}: {len(prompts) - count}/{len(prompts)} requests the same bits as alone", flush=True)
+        for note in figures["how_moved"][name]:
+            print(f"  {note}", flush=True)
     ok = not any(figures["moved_from_alone"].values())
     stage.done("invariance", figures, ok, f"invariant: {sum(figures['moved_from_alone'].values())} of "
                f"{len(prompts) * len(runs)} reruns moved")  # fmt: skip
 
 
 def check_cost(args, stage: Stage, model_dir: Path, engine, prompts, max_tokens: int) -> int:
+    """Generated tokens/s with invariance on and off: both engines loaded, ROUNDS alternating timed
+    runs of the same workload, medians (one short run per side reads the device's warm-up, not the
+    kernels)."""
     if not stage.fits("cost", COST_NEEDS_S):
         return 0
-    num, new, lo, hi = (6, 6, 5, 40) if args.tiny else (128, 64, 64, 512)
+    num, new, lo, hi = (6, 6, 5, 40) if args.tiny else (256, 128, 64, 512)
     workload = make_prompts(num, lo, hi, engine.vocab_size, seed=8)
     config = engine_config(args, kernels="auto", batch_invariant=False)
     if config is None:
         return NOT_AVAILABLE
-    _, on_seconds = timed_generate(engine, workload, new)
     loose = load_engine(str(model_dir), config)
     check_graphs_captured(loose, config)
-    _, off_seconds = timed_generate(loose, workload, new)
+    seconds = {"invariant": [], "not_invariant": []}
+    for _ in range(ROUNDS):
+        seconds["invariant"].append(timed_generate(engine, workload, new)[1])
+        seconds["not_invariant"].append(timed_generate(loose, workload, new)[1])
     alone, together = alone_and_together(loose, prompts, max_tokens)
     del loose
     release(args.device)
-    on, off = num * new / on_seconds, num * new / off_seconds
-    figures = {"workload": f"{num} prompts, {new} new tokens each", "gen_tps_invariant": on,
-               "gen_tps_not_invariant": off, "cost": off / on - 1,
+    on, off = (num * new / statistics.median(seconds[side]) for side in ("invariant", "not_invariant"))
+    figures = {"workload": f"{num} prompts of {lo}-{hi} tokens, {new} new tokens each", "rounds": ROUNDS,
+               "seconds": seconds, "gen_tps_invariant": on, "gen_tps_not_invariant": off, "cost": off / on - 1,
                "not_invariant_moved_together": moved(together, alone)}  # fmt: skip
-    print(f"invariant {on:.0f} tok/s, not invariant {off:.0f} tok/s; with it off "
-          f"{figures['not_invariant_moved_together']}/{len(prompts)} requests move in a batch", flush=True)  # fmt: skip
+    print(f"invariant {on:.0f} tok/s, not invariant {off:.0f} tok/s (medians of {ROUNDS} alternating rounds); "
+          f"with it off {figures['not_invariant_moved_together']}/{len(prompts)} requests move in a batch",
+          flush=True)  # fmt: skip
     stage.done(
         "cost", figures, True, f"invariance costs {figures['cost']:+.1%} ({on:.0f} vs {off:.0f} tok/s)"
     )
