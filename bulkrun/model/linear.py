@@ -3,9 +3,9 @@
 Batch invariant (the default): a row's output bits must not depend on how many rows share the call
 (docs/batch-invariance.md), so one kernel whose per-row reduction order is fixed by K alone serves
 every row count: bf16 weights run on AMX tiles or, without AMX, on AVX512-BF16 dot products
-(bulkrun_kernels.cpu_gemm), fp32 ones on the panel kernel below, and where none is built oneDNN runs
-in fixed tiles of INVARIANT_TILE rows (its blocking, which it picks from the row count, is then
-always the same; each tile streams the weights again, so a decode step of 256 rows reads them 4 times). On CUDA, the fixed-tile
+(bulkrun_kernels.cpu_gemm), fp32 ones on the panel kernel below (AVX-512 CPUs), and where none is
+built oneDNN runs in fixed tiles of invariant_tile() rows (its blocking, which it picks from the row
+count, is then always the same; each tile streams the weights again). On CUDA, the fixed-tile
 Triton matmul (bulkrun_kernels.matmul) replaces cuBLAS, whose kernel choice varies with M.
 
 Not batch invariant: two packings, chosen per call by the number of rows:
@@ -21,6 +21,7 @@ The plain weight is dropped once packed (a tied LM head's weight lives on as the
 
 from __future__ import annotations
 
+import functools
 from concurrent.futures import ThreadPoolExecutor
 
 import psutil
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bulkrun_kernels.cpu_build import cpu_flags
 from bulkrun_kernels.cpu_gemm import amx_packable, bf16_gemm, fixed_order_bf16_kernel, pack_amx, pad_bias
 
 PANEL = 32  # columns per panel of the native small_gemm layout
@@ -37,7 +39,16 @@ SMALL_ROWS = 128  # at or below this many rows the panel kernel beats oneDNN her
 # paid ~1 s for it. Decode-sized inputs are padded to a multiple of ROW_BUCKET rows (free at these
 # sizes: a decode step streams the weights whatever the rows); larger ones, compute-bound, are not.
 ROW_BUCKET = 8
-INVARIANT_TILE = 64  # rows per oneDNN call where no fixed-order kernel is built (batch invariant)
+# Rows per oneDNN call where no fixed-order kernel is built (batch invariant: every call has this
+# many rows, the last tile zero-padded). Each tile streams the weights again, so larger tiles suit
+# prompt steps and smaller ones decode steps. On AVX2 CPUs 16 rows ran a decode-sized fp32 job 2.8x
+# faster than 64 and a prompt-heavy one 8% faster (docs/benchmarks.md, A1); AVX-512 boxes keep 64.
+INVARIANT_TILE_AVX512, INVARIANT_TILE_AVX2 = 64, 16
+
+
+@functools.cache  # read per call of every layer: /proc/cpuinfo once
+def invariant_tile() -> int:
+    return INVARIANT_TILE_AVX512 if "avx512f" in cpu_flags() else INVARIANT_TILE_AVX2
 
 
 def onednn_available() -> bool:
@@ -56,7 +67,11 @@ def onednn_bf16_available() -> bool:
 
 
 def panel_kernel_available() -> bool:
-    return hasattr(torch.ops, "bulkrun_cpu") and hasattr(torch.ops.bulkrun_cpu, "small_gemm")
+    """The native panel kernel is built and worth running: it is written for AVX-512 registers (two
+    panel vectors per row in one register each); on an AVX2 CPU GCC's code for it ran ~10x slower
+    than oneDNN (1 against 10-20 GFLOP/s on a Zen 2 core), so there fp32 layers stay on oneDNN."""
+    built = hasattr(torch.ops, "bulkrun_cpu") and hasattr(torch.ops.bulkrun_cpu, "small_gemm")
+    return built and "avx512f" in cpu_flags()
 
 
 _PACKABLE = (torch.float32, torch.bfloat16)
@@ -126,12 +141,10 @@ class Linear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def _onednn_tiles(self, x: torch.Tensor) -> torch.Tensor:
-        """oneDNN on INVARIANT_TILE rows per call, the last tile zero-padded."""
-        rows = x.shape[0]
-        padded = _pad_rows(x, INVARIANT_TILE)
-        tiles = [
-            self._onednn(padded[i : i + INVARIANT_TILE]) for i in range(0, padded.shape[0], INVARIANT_TILE)
-        ]
+        """oneDNN on invariant_tile() rows per call, the last tile zero-padded."""
+        rows, tile = x.shape[0], invariant_tile()
+        padded = _pad_rows(x, tile)
+        tiles = [self._onednn(padded[i : i + tile]) for i in range(0, padded.shape[0], tile)]
         return torch.cat(tiles)[:rows]
 
     def _small_gemm(self, x: torch.Tensor) -> torch.Tensor:
