@@ -14,6 +14,7 @@ then runs the PyTorch references (slower, same results).
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import logging
 import os
@@ -121,6 +122,13 @@ def cpu_flags() -> frozenset[str]:
     return frozenset(flag for ln in lines for flag in ln.split(":", 1)[-1].split())
 
 
+@functools.cache  # /proc/cpuinfo once: the linears ask on every call
+def has_avx512() -> bool:
+    """The kernels are written for AVX-512 registers; without it (AVX2) GCC's code for them compiles
+    for minutes and runs slower than oneDNN, so callers pick other paths."""
+    return "avx512f" in cpu_flags()
+
+
 def _cpu_signature() -> str:
     """The CPU model and flags lines of /proc/cpuinfo (-march=native code is only valid there)."""
     lines = _cpuinfo_lines(("model name", "flags", "Features", "CPU part"))
@@ -139,7 +147,7 @@ def _compile(target_dir: Path, target: Path) -> None:
     cxx, (includes, lib_dir) = compiler(), _torch_dirs()
     # the kernels are written for AVX-512 registers; GCC's code for two AVX2 registers per vector takes
     # it far longer (paged_attention.cpp alone ~15 minutes on a 2-core Zen box)
-    if "avx512f" in cpu_flags():
+    if has_avx512():
         log.info("compiling the CPU native kernels once for this machine (about 15 s)")
     else:  # worth a warning: the first job seems to hang
         log.warning(

@@ -21,7 +21,6 @@ The plain weight is dropped once packed (a tied LM head's weight lives on as the
 
 from __future__ import annotations
 
-import functools
 from concurrent.futures import ThreadPoolExecutor
 
 import psutil
@@ -29,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bulkrun_kernels.cpu_build import cpu_flags
+from bulkrun_kernels.cpu_build import has_avx512
 from bulkrun_kernels.cpu_gemm import amx_packable, bf16_gemm, fixed_order_bf16_kernel, pack_amx, pad_bias
 
 PANEL = 32  # columns per panel of the native small_gemm layout
@@ -46,9 +45,8 @@ ROW_BUCKET = 8
 INVARIANT_TILE_AVX512, INVARIANT_TILE_AVX2 = 64, 16
 
 
-@functools.cache  # read per call of every layer: /proc/cpuinfo once
 def invariant_tile() -> int:
-    return INVARIANT_TILE_AVX512 if "avx512f" in cpu_flags() else INVARIANT_TILE_AVX2
+    return INVARIANT_TILE_AVX512 if has_avx512() else INVARIANT_TILE_AVX2
 
 
 def onednn_available() -> bool:
@@ -71,7 +69,7 @@ def panel_kernel_available() -> bool:
     panel vectors per row in one register each); on an AVX2 CPU GCC's code for it ran ~10x slower
     than oneDNN (1 against 10-20 GFLOP/s on a Zen 2 core), so there fp32 layers stay on oneDNN."""
     built = hasattr(torch.ops, "bulkrun_cpu") and hasattr(torch.ops.bulkrun_cpu, "small_gemm")
-    return built and "avx512f" in cpu_flags()
+    return built and has_avx512()
 
 
 _PACKABLE = (torch.float32, torch.bfloat16)
