@@ -1,4 +1,4 @@
-"""Where a bf16 engine run's time goes, op by op: the default model on vllm_peer_bench's two workloads
+"""Where an engine run's time goes (bf16 unless --dtype says otherwise), op by op: the default model on vllm_peer_bench's two workloads
 (prompt-heavy: 48 chat prompts of 50-400 tokens; decode-heavy: 512 short tickets; 64 new tokens
 each), in-process, after a warm-up run, under torch's profiler.
 
@@ -83,6 +83,8 @@ def main() -> None:
     parser.add_argument("--workload", choices=["prompt-heavy", "decode-heavy", "both"], default="both")
     parser.add_argument("--no-batch-invariant", action="store_true")
     parser.add_argument("--cold", action="store_true", help="profile the first run (what a fresh job sees)")
+    parser.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="bfloat16",
+                        help="auto: bulkrun's default on this CPU")  # fmt: skip
     args = parser.parse_args()
 
     from transformers import AutoConfig, AutoTokenizer
@@ -90,15 +92,16 @@ def main() -> None:
     from bulkrun.engine.core.config import EngineConfig
     from bulkrun.engine.load import load_engine
     from bulkrun.model_source import resolve_model
+    from bulkrun_kernels.cpu_dtype import default_cpu_dtype
 
     model = str(resolve_model(None))
     tokenizer = AutoTokenizer.from_pretrained(model)
-    engine = load_engine(model, EngineConfig(dtype="bfloat16", batch_invariant=not args.no_batch_invariant))
+    dtype = str(default_cpu_dtype()).removeprefix("torch.") if args.dtype == "auto" else args.dtype
+    engine = load_engine(model, EngineConfig(dtype=dtype, batch_invariant=not args.no_batch_invariant))
     body_params, head_params = matmul_params(AutoConfig.from_pretrained(model))
-    gemm = matmul_gflops(n=2048, dtype=torch.bfloat16)
-    print(
-        f"box: bf16 GEMM {gemm:.0f} GFLOP/s (best of 15 at 2048^3); batch invariant: {not args.no_batch_invariant}"
-    )
+    gemm = matmul_gflops(n=2048, dtype=getattr(torch, dtype))
+    print(f"box: {dtype} GEMM {gemm:.0f} GFLOP/s (best of up to 15 at 2048^3); "
+          f"batch invariant: {not args.no_batch_invariant}")  # fmt: skip
     workloads = {"prompt-heavy": (48, 50, 400), "decode-heavy": (512, 20, 80)}
     for name, (n, lo, hi) in workloads.items():
         if args.workload not in (name, "both"):
@@ -118,7 +121,7 @@ def main() -> None:
                 # every token through the layers, the generated ones through the LM head
                 flops = 2.0 * ((prompt_tokens + generated) * body_params + generated * head_params)
                 rate = flops / seconds / 1e9
-                extra = f"  {rate:6.0f} GFLOP/s = {rate / gemm:5.1%} of the bf16 GEMM rate"
+                extra = f"  {rate:6.0f} GFLOP/s = {rate / gemm:5.1%} of the {dtype} GEMM rate"
             print(f"  {group:16s} {seconds:7.2f} s  {seconds / wall:6.1%}{extra}")
         for kind, times in steps.items():
             if times:

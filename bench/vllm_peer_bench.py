@@ -1,6 +1,7 @@
-"""bulkrun against vLLM's CPU build on the same prompts, both bf16 greedy, in alternating rounds.
+"""bulkrun against vLLM's CPU build on the same prompts, both greedy in one precision, in alternating rounds.
 
     python bench/vllm_peer_bench.py                 # both workloads, 2 rounds each
+    python bench/vllm_peer_bench.py --dtype float32 # another precision than this CPU's default
     python bench/vllm_peer_bench.py --smoke         # a few prompts, 1 round: does everything run?
 
 vLLM lives in its own virtualenv (it needs torch 2.13.0+cpu and transformers < 5.20): the bench
@@ -14,10 +15,15 @@ bulkrun --no-batch-invariant, each in a fresh process. Reported, as medians over
 - engine time: vLLM's `LLM.generate` alone; bulkrun's job (report.json wall_time_s: read, engine,
   shards, results), and their ratio;
 - launch to exit of each process (vLLM's includes its compile warm-up);
-- model FLOPs per second as a fraction of this box's measured bf16 GEMM rate;
+- model FLOPs per second as a fraction of this box's measured GEMM rate in that precision;
 - the invariance cost: bulkrun invariant / not invariant.
 Both stop at the end-of-sequence token (bulkrun's CLI has no ignore-eos): each line shows how many
 tokens its engine generated, so unequal counts are visible.
+
+The precision (--dtype) is by default the one bulkrun computes in on this CPU: bfloat16 where it has
+native bf16 dot products (AVX512-BF16, AMX), else float32. On a CPU without them, bf16 is emulated in
+both engines (vLLM's linears fall back to torch's bf16 matmul, a few GFLOP/s), and neither is how a
+user would run there.
 """
 
 from __future__ import annotations
@@ -40,16 +46,16 @@ VLLM_ENV = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{os.cpu_count() - 1}", "VLLM_CPU_NU
 NEW_TOKENS = 64
 
 # Runs inside vLLM's venv as a script file (vLLM spawns its engine process, which re-imports the
-# main module: hence the guard): argv = model dir, prompts JSON (token id lists), max new tokens.
+# main module: hence the guard): argv = model dir, prompts JSON (token id lists), max new tokens, dtype.
 VLLM_CHILD = """
 import json, sys, time
 from vllm import LLM, SamplingParams
 
 
 def main():
-    model, prompts, new = sys.argv[1], json.load(open(sys.argv[2])), int(sys.argv[3])
+    model, prompts, new, dtype = sys.argv[1], json.load(open(sys.argv[2])), int(sys.argv[3]), sys.argv[4]
     # on the CPU this fraction of RAM is reserved (KV cache); the 0.92 default fails where others run
-    llm = LLM(model=model, dtype="bfloat16", max_model_len=2048, seed=0, gpu_memory_utilization=0.3)
+    llm = LLM(model=model, dtype=dtype, max_model_len=2048, seed=0, gpu_memory_utilization=0.3)
     params = SamplingParams(temperature=0.0, max_tokens=new)
     t0 = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
@@ -91,12 +97,12 @@ def _vllm_env() -> dict:
     return {**os.environ, **VLLM_ENV}
 
 
-def run_vllm(python: Path, model: str, prompts: list[list[int]], work: Path) -> dict:
+def run_vllm(python: Path, model: str, prompts: list[list[int]], work: Path, dtype: str) -> dict:
     path, script = work / "prompts.json", work / "vllm_child.py"
     path.write_text(json.dumps(prompts))
     script.write_text(VLLM_CHILD)
     t0 = time.perf_counter()
-    done = subprocess.run([str(python), str(script), model, str(path), str(NEW_TOKENS)],
+    done = subprocess.run([str(python), str(script), model, str(path), str(NEW_TOKENS), dtype],
                           capture_output=True, text=True, env=_vllm_env())  # fmt: skip
     launch = time.perf_counter() - t0
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
@@ -105,13 +111,13 @@ def run_vllm(python: Path, model: str, prompts: list[list[int]], work: Path) -> 
     return {**json.loads(line[7:]), "launch_s": launch}
 
 
-def run_bulkrun(model: str, texts: list[str], work: Path, invariant: bool, tag: str) -> dict:
+def run_bulkrun(model: str, texts: list[str], work: Path, invariant: bool, tag: str, dtype: str) -> dict:
     rows = work / "rows.jsonl"
     rows.write_text("".join(json.dumps({"id": f"r{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
     out = work / f"out-{tag}"
     cmd = [sys.executable, "-c", "import sys; from bulkrun.cli import main; sys.argv[0] = 'bulkrun'; main()",
            "generate", str(rows), "--out", str(out), "--model", model, "--max-tokens", str(NEW_TOKENS),
-           "--dtype", "bfloat16", "--quiet", "--restart"]  # fmt: skip
+           "--dtype", dtype, "--quiet", "--restart"]  # fmt: skip
     if not invariant:
         cmd.append("--no-batch-invariant")
     t0 = time.perf_counter()
@@ -143,19 +149,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--smoke", action="store_true", help="tiny workloads, one round")
     parser.add_argument("--no-vllm", action="store_true", help="bulkrun only (the invariance cost)")
+    parser.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto",
+                        help="both engines' precision; auto: bulkrun's default on this CPU")  # fmt: skip
     args = parser.parse_args()
     rounds = 1 if args.smoke else args.rounds
 
     from transformers import AutoConfig, AutoTokenizer
 
     from bulkrun.model_source import resolve_model
+    from bulkrun_kernels.cpu_dtype import default_cpu_dtype
 
     model = str(resolve_model(None))
     tokenizer = AutoTokenizer.from_pretrained(model)
     config = AutoConfig.from_pretrained(model)
     python = None if args.no_vllm else vllm_python()
-    gemm = matmul_gflops(n=2048, dtype=torch.bfloat16)
-    print(f"box: {os.cpu_count()} CPUs, bf16 GEMM {gemm:.0f} GFLOP/s (best of 15 at 2048^3)")
+    dtype = str(default_cpu_dtype()).removeprefix("torch.") if args.dtype == "auto" else args.dtype
+    gemm = matmul_gflops(n=2048, dtype=getattr(torch, dtype))
+    print(f"box: {os.cpu_count()} CPUs, {dtype} GEMM {gemm:.0f} GFLOP/s (best of up to 15 at 2048^3); "
+          f"both engines in {dtype}")  # fmt: skip
     for name, texts in workloads(tokenizer, args.smoke).items():
         prompts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
                                                  tokenize=True, return_dict=False) for t in texts]  # fmt: skip
@@ -164,9 +175,9 @@ def main() -> None:
         per_token = model_flops_per_token(config, context)
         runs: dict[str, list[dict]] = {"vllm": [], "bulkrun": [], "bulkrun-not-invariant": []}
         runners = {
-            "vllm": lambda w, p=prompts: run_vllm(python, model, p, w),
-            "bulkrun": lambda w, t=texts: run_bulkrun(model, t, w, True, "inv"),
-            "bulkrun-not-invariant": lambda w, t=texts: run_bulkrun(model, t, w, False, "var"),
+            "vllm": lambda w, p=prompts: run_vllm(python, model, p, w, dtype),
+            "bulkrun": lambda w, t=texts: run_bulkrun(model, t, w, True, "inv", dtype),
+            "bulkrun-not-invariant": lambda w, t=texts: run_bulkrun(model, t, w, False, "var", dtype),
         }
         order = [k for k in runners if k != "vllm" or python is not None]
         with tempfile.TemporaryDirectory() as tmp:
@@ -180,7 +191,7 @@ def main() -> None:
         for key, m in med.items():
             rate = per_token * (prompt_tokens + m["generated"]) / m["engine_s"] / 1e9
             print(f"  {key:24s} engine {m['engine_s']:7.2f} s  launch-to-exit {m['launch_s']:7.2f} s  "
-                  f"{m['generated']:.0f} tokens  {rate:6.1f} GFLOP/s = {rate / gemm:5.1%} of bf16 GEMM")  # fmt: skip
+                  f"{m['generated']:.0f} tokens  {rate:6.1f} GFLOP/s = {rate / gemm:5.1%} of {dtype} GEMM")  # fmt: skip
         if "vllm" in med:
             ratio = med["vllm"]["engine_s"] / med["bulkrun"]["engine_s"]
             print(f"  engine time: bulkrun (invariant) is {ratio:.2f}x vLLM (vLLM time / bulkrun time)")

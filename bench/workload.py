@@ -65,12 +65,16 @@ def _encode_chat(tokenizer, text: str) -> list[int]:
     )
 
 
-def matmul_gflops(n: int = 1024, repeats: int = 15, warmup_s: float = 0.5, dtype=torch.float32) -> float:
-    """The machine's own fp32 matmul rate (GFLOP/s), measured in this process: the best of `repeats`
-    products after `warmup_s` of them. The best, not the median: noise only ever slows a product, and a
-    low rate would flatter bulkrun."""
+def matmul_gflops(
+    n: int = 1024, repeats: int = 15, warmup_s: float = 0.5, dtype=torch.float32, budget_s: float = 20.0
+) -> float:
+    """The machine's own matmul rate (GFLOP/s) in `dtype`, measured in this process: the best of `repeats`
+    products after `warmup_s` of them, or of those that fit in `budget_s` (bf16 without native bf16
+    instructions runs a 2048^3 product for tens of seconds). The best, not the median: noise only ever
+    slows a product, and a low rate would flatter bulkrun."""
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    end = time.perf_counter() + warmup_s
+    start = time.perf_counter()
+    end = start + warmup_s
     while time.perf_counter() < end:  # wake the thread pool and the clocks
         a @ b
     times = []
@@ -78,6 +82,8 @@ def matmul_gflops(n: int = 1024, repeats: int = 15, warmup_s: float = 0.5, dtype
         t0 = time.perf_counter()
         a @ b
         times.append(time.perf_counter() - t0)
+        if t0 + times[-1] - start > budget_s:
+            break
     return 2 * n**3 / min(times) / 1e9
 
 
