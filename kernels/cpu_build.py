@@ -146,12 +146,12 @@ def _cpuinfo_lines(keys: tuple[str, ...]) -> list[str]:
 def _compile(target_dir: Path, target: Path) -> None:
     cxx, (includes, lib_dir) = compiler(), _torch_dirs()
     # the kernels are written for AVX-512 registers; GCC's code for two AVX2 registers per vector takes
-    # it far longer (paged_attention.cpp alone ~15 minutes on a 2-core Zen box)
+    # it far longer (the whole build ~5 minutes on a 2-core Zen box)
     if has_avx512():
         log.info("compiling the CPU native kernels once for this machine (about 15 s)")
     else:  # worth a warning: the first job seems to hang
         log.warning(
-            "compiling the CPU native kernels once for this machine (up to ~15 minutes without AVX-512)"
+            "compiling the CPU native kernels once for this machine (about 5 minutes without AVX-512)"
         )
     with tempfile.TemporaryDirectory(dir=target_dir) as tmp:
         objects = [str(Path(tmp) / (name + ".o")) for name in SOURCES]

@@ -6,7 +6,9 @@
 // Why native code: on the CPU decode attention is bound by memory traffic. The PyTorch reference
 // copies each sequence's K/V blocks into a contiguous buffer before SDPA reads them again; here every
 // K/V row is read where it lies, 16 keys at a time: decode-sized items read each row once for all kv
-// heads (run_item_few), prompt chunks kv head by kv head with the keys transposed (run_item).
+// heads (run_item_few), prompt chunks kv head by kv head (run_item). Batch invariant, a prompt row's
+// scores are summed key by key as a decode row's are (score_rows_by_key), so a row's bits do not
+// depend on its item; otherwise against transposed keys (score_keys: fewer operations, other bits).
 //
 // Work item = (sequence, tile of up to kQueryTile new tokens), all heads. Items go to PyTorch's
 // intra-op threads longest-first from a shared counter, so the threads finish together.
@@ -164,13 +166,25 @@ void score_keys_few(const F16* q, const T* const* keys, int64_t n, F16* scores) 
   for (int r = 0; r < R; ++r) scores[r] = sum_each(parts[r]);
 }
 
+// score_keys_few's arithmetic for any number of rows, kByKeyRows at a time: each row's scores are
+// bit for bit those of the same row in a decode-sized item.
+constexpr int64_t kByKeyRows = 5;
+template <int NV, typename T>
+void score_rows_by_key(const F16* q, int64_t rows, const T* const* keys, int64_t n, F16* scores) {
+  for (int64_t r0 = 0; r0 < rows; r0 += kByKeyRows)
+    with_row_count<kByKeyRows>(std::min(kByKeyRows, rows - r0), [&](auto R) {
+      score_keys_few<NV, decltype(R)::value>(q + r0 * NV, keys, n, scores + r0);
+    });
+}
+
 // One item, kv head by kv head, in two passes over that head's keys: all scores first (then one
 // max, one exp and one sum per row: no running rescale), then the probability-weighted values,
 // several rows at a time so each value row is loaded once for all of them. NV = head_dim / 16.
-// Rows are ordered (tile token, q head of this kv head's group).
+// Rows are ordered (tile token, q head of this kv head's group). by_key: scores as decode rows sum
+// them (batch invariant); else against transposed keys.
 template <int NV, typename T>
 void run_item(const WorkItem& w, const Geometry& g, const T* q, const T* k_cache, const T* v_cache,
-              const int32_t* table, int64_t token0, int64_t new_tokens, int64_t context, T* out) {
+              const int32_t* table, int64_t token0, int64_t new_tokens, int64_t context, T* out, bool by_key) {
   const int64_t tile = w.q_end - w.q_begin, group = g.group, rows = tile * group;
   // rows per sweep over the values: their R x NV sums stay in registers (6 x 4 at head_dim 64 beat
   // 4 rows on a prompt-chunk layer)
@@ -252,7 +266,8 @@ void run_item(const WorkItem& w, const Geometry& g, const T* q, const T* k_cache
       // rows before the first token that sees key0 are all masked here: start at its row block
       const int64_t first_token = std::max<int64_t>(0, key0 - first_pos - w.q_begin);
       const int64_t r_start = first_token * group / kRowBlock * kRowBlock;
-      score_keys<NV>(q_rows + r_start * NV, rows - r_start, keys, n, group_scores + r_start);
+      if (by_key) score_rows_by_key<NV>(q_rows + r_start * NV, rows - r_start, keys, n, group_scores + r_start);
+      else score_keys<NV>(q_rows + r_start * NV, rows - r_start, keys, n, group_scores + r_start);
       cap_scores(group_scores + r_start, rows - r_start, g.softcap);
       for (int64_t r = r_start; r < rows; ++r)
         probs[r * key_groups + kg] = mask_keys(group_scores[r], key0, g.first_key(row_pos(r)), row_pos(r));
@@ -372,12 +387,13 @@ namespace {
 
 // The path every bf16 item of a call takes, whatever its rows (each computes a row alike in any
 // tile, so prompt chunks keep many rows per item and stay batch invariant): AMX tiles, AVX512-BF16
-// dot products, or neither (decode-sized items on run_item_few, prompt chunks on run_item).
+// dot products, or neither (decode-sized items on run_item_few, prompt chunks on run_item; fp32 too).
 enum class Bf16Path { kAmx, kDotProducts, kFma };
 
 template <int NV, typename T>
 void run_all(const std::vector<WorkItem>& items, const Geometry& g, const T* q, const T* k, const T* v,
-             const int32_t* tables, const int32_t* starts, const int32_t* lens, T* out, Bf16Path path) {
+             const int32_t* tables, const int32_t* starts, const int32_t* lens, T* out, Bf16Path path,
+             bool batch_invariant) {
   std::atomic<int64_t> next{0};
   const int64_t count = static_cast<int64_t>(items.size());
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
@@ -409,7 +425,7 @@ void run_all(const std::vector<WorkItem>& items, const Geometry& g, const T* q, 
   case R: run_item_few<NV, R, T>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out); break;
         BULKRUN_FEW(1) BULKRUN_FEW(2) BULKRUN_FEW(3) BULKRUN_FEW(4) BULKRUN_FEW(5)
 #undef BULKRUN_FEW
-        default: run_item<NV, T>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out);
+        default: run_item<NV, T>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out, batch_invariant);
       }
     }
 #ifdef BULKRUN_AMX
@@ -422,7 +438,7 @@ template <typename T>
 void dispatch_head_dim(const std::vector<WorkItem>& items, const Geometry& g, const at::Tensor& q,
                        const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_tables,
                        const int32_t* starts, const int32_t* lens, at::Tensor& out, int64_t head_dim,
-                       Bf16Path path) {
+                       Bf16Path path, bool batch_invariant) {
   const T* qp = static_cast<const T*>(q.data_ptr());
   const T* kp = static_cast<const T*>(k_cache.data_ptr());
   const T* vp = static_cast<const T*>(v_cache.data_ptr());
@@ -430,7 +446,7 @@ void dispatch_head_dim(const std::vector<WorkItem>& items, const Geometry& g, co
   T* op = static_cast<T*>(out.data_ptr());
   switch (head_dim / 16) {  // head sizes 16 .. 128, and 256
 #define BULKRUN_CASE(NV) \
-  case NV: run_all<NV, T>(items, g, qp, kp, vp, tables, starts, lens, op, path); break;
+  case NV: run_all<NV, T>(items, g, qp, kp, vp, tables, starts, lens, op, path, batch_invariant); break;
     BULKRUN_CASE(1) BULKRUN_CASE(2) BULKRUN_CASE(3) BULKRUN_CASE(4) BULKRUN_CASE(5) BULKRUN_CASE(6)
     BULKRUN_CASE(7) BULKRUN_CASE(8) BULKRUN_CASE(16)
 #undef BULKRUN_CASE
@@ -483,15 +499,15 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   }
 
   // bf16: AMX tiles where the CPU has them (head_dim a multiple of 32), else AVX512-BF16 dot
-  // products; both compute a row alike in any tile. Otherwise (fp32; bf16 on neither), batch
-  // invariant means one query token per item, so every token takes a decode row's path (the same
-  // code and key order whatever its chunk, its batch or a recompute), giving up the many-row path.
+  // products; both compute a row alike in any tile. Otherwise (fp32; bf16 on neither) prompt items
+  // score key by key when batch invariant, as decode items do (the same sums whatever a row's chunk,
+  // its batch or a recompute).
   Bf16Path path = Bf16Path::kFma;
   if (dtype == at::kBFloat16 && head_dim % 32 == 0 && attention_amx()) path = Bf16Path::kAmx;
 #ifdef BULKRUN_DPBF16_ATTENTION
   else if (dtype == at::kBFloat16) path = Bf16Path::kDotProducts;
 #endif
-  const int64_t tile_tokens = path == Bf16Path::kAmx ? kAmxQueryTile : path == Bf16Path::kFma && batch_invariant ? 1 : kQueryTile;
+  const int64_t tile_tokens = path == Bf16Path::kAmx ? kAmxQueryTile : kQueryTile;
   const int64_t num_seqs = seq_lens.size(0);
   const int32_t* starts = query_start_loc.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
@@ -513,9 +529,11 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
 
   if (dtype == at::kBFloat16)
-    dispatch_head_dim<bf16>(items, g, q, k_cache, v_cache, block_tables, starts, lens, out, head_dim, path);
+    dispatch_head_dim<bf16>(items, g, q, k_cache, v_cache, block_tables, starts, lens, out, head_dim, path,
+                            batch_invariant);
   else
-    dispatch_head_dim<float>(items, g, q, k_cache, v_cache, block_tables, starts, lens, out, head_dim, path);
+    dispatch_head_dim<float>(items, g, q, k_cache, v_cache, block_tables, starts, lens, out, head_dim, path,
+                             batch_invariant);
 }
 
 }  // namespace bulkrun_cpu

@@ -1,5 +1,6 @@
 // Small math for the CPU kernels, written for the compiler's vector extensions: `F16` is one AVX-512
-// register of 16 floats (two AVX2 registers where AVX-512 is missing). The same templates work on
+// register of 16 floats (two AVX2 registers where AVX-512 is missing; the cross-lane steps have AVX2
+// versions, as generic 16-lane shuffles compile to lane-by-lane moves there). The same templates work on
 // plain floats, so `#pragma omp simd` loops over them vectorize too.
 //
 // Tensors are float32 or bfloat16; a bfloat16 element is held as its bits, `bf16` (torch's
@@ -11,7 +12,7 @@
 #include <cstring>
 #include <type_traits>
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -112,8 +113,47 @@ inline T vec_exp(T x) {
   }
 }
 
-// Lane i of the result = the sum of the 16 lanes of v[i]. A shuffle tree that folds halves together
-// (8, 4, 2, 1 lanes): 15 two-shuffle folds for 16 dot products instead of 16 serial lane sums.
+// Lane i of the result = the sum of the 16 lanes of v[i], by one fixed tree: lanes x and x+8 first,
+// then x and x+4, x and x+2, x and x+1. A row's score is bit for bit the same on every CPU path below
+// (additions only commute, so each path may hold the partial sums in its own lane order).
+#ifdef __AVX2__
+#ifndef __AVX512F__
+// An F16 as the two AVX2 registers the compiler holds it in (lanes 0-7, 8-15).
+struct F16Halves {
+  __m256 lo, hi;
+};
+inline F16Halves halves(F16 v) { return __builtin_bit_cast(F16Halves, v); }
+inline F16 join(__m256 lo, __m256 hi) { return __builtin_bit_cast(F16, F16Halves{lo, hi}); }
+
+// The tree on 256-bit registers: the generic shuffles of 16-lane vectors compile to lane-by-lane
+// moves without AVX-512. s1: v[x] + v[x+8]; s2 [vector 2i | 2i+1]: s1[x] + s1[x+4];
+// s3 [4m, 4m+2 | 4m+1, 4m+3]: s2[x] + s2[x+2]; then s3[0] + s3[1], lanes put back in order.
+inline F16 sum_each(const F16* v) {
+  __m256 s1[16], s2[8], s3[4], out[2];
+  for (int i = 0; i < 16; ++i) {
+    const F16Halves h = halves(v[i]);
+    s1[i] = _mm256_add_ps(h.lo, h.hi);
+  }
+  for (int i = 0; i < 8; ++i)
+    s2[i] = _mm256_add_ps(_mm256_permute2f128_ps(s1[2 * i], s1[2 * i + 1], 0x20),
+                          _mm256_permute2f128_ps(s1[2 * i], s1[2 * i + 1], 0x31));
+  for (int m = 0; m < 4; ++m)
+    s3[m] = _mm256_add_ps(_mm256_shuffle_ps(s2[2 * m], s2[2 * m + 1], 0x44),
+                          _mm256_shuffle_ps(s2[2 * m], s2[2 * m + 1], 0xee));
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // [0 2 4 6 | 1 3 5 7] -> 0 .. 7
+  for (int n = 0; n < 2; ++n)
+    out[n] = _mm256_permutevar8x32_ps(_mm256_add_ps(_mm256_shuffle_ps(s3[2 * n], s3[2 * n + 1], 0x88),
+                                                    _mm256_shuffle_ps(s3[2 * n], s3[2 * n + 1], 0xdd)),
+                                      order);
+  return join(out[0], out[1]);
+}
+#define BULKRUN_SUM_EACH_AVX2 1
+#endif
+#endif
+
+#ifndef BULKRUN_SUM_EACH_AVX2
+// A shuffle tree that folds halves together (8, 4, 2, 1 lanes): 15 two-shuffle folds for 16 dot
+// products instead of 16 serial lane sums.
 inline F16 sum_each(const F16* v) {
   const I16 lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
   const I16 lo4 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
@@ -128,6 +168,7 @@ inline F16 sum_each(const F16* v) {
     y[k] = __builtin_shuffle(x[2 * k], x[2 * k + 1], lo2) + __builtin_shuffle(x[2 * k], x[2 * k + 1], lo2 + 2);
   return __builtin_shuffle(y[0], y[1], lo1) + __builtin_shuffle(y[0], y[1], lo1 + 1);
 }
+#endif
 
 // In place: v[i][j] <- v[j][i] for a 16 x 16 block held in 16 vectors (four butterfly stages).
 inline void transpose16(F16* v) {
@@ -163,6 +204,40 @@ inline void transpose16(F16* v) {
     v[i + 8] = __builtin_bit_cast(F16, _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd));
     v[i + 4] = __builtin_bit_cast(F16, _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0x88));
     v[i + 12] = __builtin_bit_cast(F16, _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0xdd));
+  }
+#elif defined(BULKRUN_SUM_EACH_AVX2)
+  // four 8 x 8 blocks, each transposed in registers (unpacks, in-lane shuffles, 128-bit swaps); the
+  // off-diagonal blocks trade places
+  __m256 lo[16], hi[16];
+  for (int i = 0; i < 16; ++i) {
+    const F16Halves h = halves(v[i]);
+    lo[i] = h.lo;
+    hi[i] = h.hi;
+  }
+  auto transpose8 = [](__m256* r) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+      t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+      u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+      u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+      u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+      u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int i = 0; i < 4; ++i) {
+      r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+      r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    }
+  };
+  transpose8(lo);      // rows 0-7, lanes 0-7
+  transpose8(hi);      // rows 0-7, lanes 8-15 -> rows 8-15, lanes 0-7
+  transpose8(lo + 8);  // rows 8-15, lanes 0-7 -> rows 0-7, lanes 8-15
+  transpose8(hi + 8);
+  for (int i = 0; i < 8; ++i) {
+    v[i] = join(lo[i], lo[i + 8]);
+    v[i + 8] = join(hi[i], hi[i + 8]);
   }
 #else
   const I16 lo[4] = {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
