@@ -23,48 +23,13 @@
 // so the extra chunks a row block walks for its other rows add exact zeros.
 #pragma once
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(BULKRUN_DPBF16_ATTENTION)
-#define BULKRUN_AMX 1
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "amx_tiles.h"
 
-#include <cstdlib>
-#include <cstring>
+#if defined(BULKRUN_AMX_TILES) && defined(BULKRUN_DPBF16_ATTENTION)
+#define BULKRUN_AMX 1
 
 namespace bulkrun_cpu {
 namespace {
-
-constexpr int kArchReqXcompPerm = 0x1023;  // arch_prctl: ask the kernel for a state component
-constexpr int kXfeatureXtiledata = 18;     // ... the AMX tile data
-
-// Whether this process may run AMX: Linux hands out the 8 KB tile state only on request (oneDNN
-// asks too; asking twice is fine). BULKRUN_CPU_AMX=0 turns the AMX path off (A/B measurements).
-inline bool amx_ready() {
-  static const bool ready = [] {
-    const char* env = std::getenv("BULKRUN_CPU_AMX");
-    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
-    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return ready;
-}
-
-struct TileConfig {
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// All eight tiles 16 rows x 64 bytes: C = 16 x 16 fp32, A = 16 x 32 bf16, B = 16 pairs x 16 x 2 bf16.
-inline void configure_tiles() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  _tile_loadconfig(&cfg);
-}
 
 // C_j (j < n <= 4) = sum over `steps` of A_s B_sj; A_s: 16 rows of 32 bf16 at a + 32 s (rows a_stride
 // bytes apart), B_sj at b + s * b_step + j * b_next; C_j to c + 16 j, rows c_stride bytes apart.

@@ -37,25 +37,32 @@ def _case(n, k, bias):
 
 @pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 1536), (49, 32), (100, 64), (3072, 576), (40, 96)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_matches_fp32_product(n, k, bias, kernel):
+@pytest.mark.parametrize(
+    "rows", [37, 1000]
+)  # a decode-sized call and a prompt step's (amx: its own loop order)
+def test_matches_fp32_product(n, k, bias, rows, kernel):
     w, b, wp, bp = _case(n, k, bias)
-    x = torch.randn(37, k, generator=G).bfloat16()
+    x = torch.randn(rows, k, generator=G).bfloat16()
     want = x.float() @ w.float().T + (b if bias else 0)
     got = gemm(kernel, x, wp, bp, n, torch.float32)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-3)  # fp32 output: only sum order differs
     torch.testing.assert_close(gemm(kernel, x, wp, bp, n), want.bfloat16())
 
 
-@pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 1536)])
+@pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 1536), (3072, 576), (40, 96)])
 def test_rows_do_not_depend_on_the_batch(n, k, kernel):
+    # 1,100 rows: amx_gemm runs calls of 768 rows and more in another loop order (K in chunks, C
+    # carried between them); a row's bits must not tell which
     _, _, wp, bp = _case(n, k, True)
-    x = torch.randn(300, k, generator=G).bfloat16()
+    x = torch.randn(1100, k, generator=G).bfloat16()
     full = gemm(kernel, x, wp, bp, n)
-    for rows in (1, 2, 5, 6, 7, 15, 16, 17, 31, 32, 33, 100, 239, 240, 241, 299):
+    for rows in (1, 2, 5, 6, 7, 15, 16, 17, 31, 32, 33, 100, 239, 240, 241, 299, 767, 768, 801, 1099):
         assert torch.equal(gemm(kernel, x[:rows], wp, bp, n), full[:rows]), rows
-    perm = torch.randperm(300, generator=G)
+    assert torch.equal(gemm(kernel, x[1090:], wp, bp, n), full[1090:])
+    perm = torch.randperm(1100, generator=G)
     assert torch.equal(gemm(kernel, x[perm], wp, bp, n), full[perm])
-    strided = torch.zeros(300, k + 64, dtype=torch.bfloat16)[:, 32 : 32 + k]
+    assert torch.equal(gemm(kernel, x, wp, bp, n, torch.float32).bfloat16(), full)
+    strided = torch.zeros(1100, k + 64, dtype=torch.bfloat16)[:, 32 : 32 + k]
     strided.copy_(x)
     assert torch.equal(gemm(kernel, strided, wp, bp, n), full)
 
