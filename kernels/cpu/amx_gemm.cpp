@@ -161,6 +161,10 @@ void gemm(const at::Tensor& x, const at::Tensor& wp, const float* bias, at::Tens
 
 void amx_gemm(const at::Tensor& x, const at::Tensor& wp, const c10::optional<at::Tensor>& bias, at::Tensor& y) {
   const float* b = check_bf16_gemm_args("amx_gemm", x, wp, bias, y);
+#ifdef BULKRUN_AMX_TILES
+  // a tile instruction before the OS grants the tile state kills the process (SIGILL)
+  TORCH_CHECK(amx_ready(), "amx_gemm: AMX is off here (BULKRUN_CPU_AMX=0, or the OS does not grant it)");
+#endif
   if (y.scalar_type() == at::kBFloat16)
     gemm<bf16>(x, wp, b, y);
   else

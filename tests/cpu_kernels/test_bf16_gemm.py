@@ -75,3 +75,35 @@ def test_rejects_bad_input(kernel):
         gemm(kernel, torch.randn(2, 96).bfloat16(), wp, None, 64)
     with pytest.raises(ValueError, match="multiple of 32"):
         pack_amx(torch.randn(8, 40))
+
+
+_FIRST_CALL = """
+import sys, torch
+from bulkrun_kernels import cpu_build
+from bulkrun_kernels.cpu_gemm import pack_amx
+assert cpu_build.load()
+x, w = torch.randn(3, 64).bfloat16(), torch.randn(40, 64).bfloat16()
+y = torch.empty(3, 40, dtype=torch.bfloat16)
+try:
+    torch.ops.bulkrun_cpu.amx_gemm(x, pack_amx(w), None, y)
+except RuntimeError as e:
+    print("refused:", e)
+    sys.exit(3)
+assert torch.equal(y, (x.float() @ w.float().T).bfloat16())
+"""
+
+
+@pytest.mark.skipif(not (NATIVE and amx_available()), reason="no AMX here")
+@pytest.mark.parametrize("amx_env", ["1", "0"])
+def test_amx_gemm_called_first_in_a_process(amx_env):
+    # Linux grants AMX's tile state only on request: an op called before anything asked must ask
+    # itself, not die of SIGILL; with BULKRUN_CPU_AMX=0 it refuses with an error
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "BULKRUN_CPU_AMX": amx_env}
+    done = subprocess.run([sys.executable, "-c", _FIRST_CALL], env=env, capture_output=True, text=True)
+    assert done.returncode == (0 if amx_env == "1" else 3), done.stderr[-2000:]
+    if amx_env == "0":
+        assert "AMX is off" in done.stdout
