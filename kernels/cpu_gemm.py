@@ -10,6 +10,8 @@ two kernels round alike but sum in their own order: a machine runs one of them, 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 COLS, STEP = 16, 32  # columns per tile, K per tile instruction
@@ -71,6 +73,11 @@ def bf16_gemm(
     if x.stride(-1) != 1:
         x = x.contiguous()
     y = torch.empty(x.shape[0], out_features, dtype=out_dtype)
-    kernel = kernel or fixed_order_bf16_kernel()
-    getattr(torch.ops.bulkrun_cpu, f"{kernel}_gemm")(x, wp, bias, y)
+    _gemm_op(kernel or fixed_order_bf16_kernel())(x, wp, bias, y)
     return y
+
+
+@functools.cache
+def _gemm_op(kernel: str):
+    """The kernel's op overload, looked up once: a decode step makes ~120 of these calls."""
+    return getattr(torch.ops.bulkrun_cpu, f"{kernel}_gemm").default

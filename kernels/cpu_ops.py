@@ -8,20 +8,38 @@ caller never has to know which ran.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import reference
 
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 
+# A decode step calls these wrappers ~10 times a layer, so their own checks are written for speed: a
+# loop, not all() over a generator; is_cpu, not device.type; the op's overload looked up once.
+
 
 def _native(*tensors: torch.Tensor) -> bool:
-    return all(t.dtype in _NATIVE_DTYPES and t.device.type == "cpu" for t in tensors)
+    for t in tensors:
+        if not t.is_cpu or t.dtype not in _NATIVE_DTYPES:
+            return False
+    return True
 
 
 def _native_same(*tensors: torch.Tensor) -> bool:
     """Native dtypes, all one of them."""
-    return _native(*tensors) and len({t.dtype for t in tensors}) == 1
+    dtype = tensors[0].dtype
+    for t in tensors:
+        if t.dtype != dtype:
+            return False
+    return _native(*tensors)
+
+
+@functools.cache
+def _op(name: str):
+    """torch.ops.bulkrun_cpu.<name>'s one overload (the library is loaded before any wrapper runs)."""
+    return getattr(torch.ops.bulkrun_cpu, name).default
 
 
 def paged_attention(
@@ -53,7 +71,7 @@ def paged_attention(
         out = torch.empty_like(q)
     if sinks is not None:
         sinks = sinks.float().contiguous()
-    torch.ops.bulkrun_cpu.paged_attention(
+    _op("paged_attention")(
         q, k_cache, v_cache, _i32(block_tables), _i32(query_start_loc), _i32(seq_lens), scale,
         int(window), sinks, float(softcap), batch_invariant, out,
     )  # fmt: skip
@@ -61,10 +79,15 @@ def paged_attention(
 
 
 def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
-    rows_ok = all(t.stride(-1) == 1 and t.stride(-2) == t.shape[-1] for t in (k, v))
+    rows_ok = (
+        k.stride(-1) == 1
+        and k.stride(-2) == k.shape[-1]
+        and v.stride(-1) == 1
+        and v.stride(-2) == v.shape[-1]
+    )
     if not (rows_ok and _native_same(k, v, k_cache, v_cache)):
         return reference.write_kv(k, v, k_cache, v_cache, slot_mapping)
-    torch.ops.bulkrun_cpu.write_kv(k, v, k_cache, v_cache, slot_mapping.long().contiguous())
+    _op("write_kv")(k, v, k_cache, v_cache, slot_mapping.long().contiguous())
 
 
 def rms_norm(x, weight, eps, residual=None, out=None, residual_out=None):
@@ -90,13 +113,13 @@ def rms_norm(x, weight, eps, residual=None, out=None, residual_out=None):
     out = torch.empty_like(x) if out is None else out
     if residual_out is None:
         residual_out = x if residual is None else torch.empty_like(residual)
-    torch.ops.bulkrun_cpu.rms_norm(x, residual, weight.contiguous(), eps, out, residual_out)
+    _op("rms_norm")(x, residual, weight.contiguous(), eps, out, residual_out)
     return out, residual_out
 
 
 def rotary(q, k, positions, cos_sin_cache, q_out=None, k_out=None):
     """Rotate-half rotary embedding; new tensors, or written into q_out / k_out (which may be q / k)."""
-    outs_ok = all(o is None or o.dtype == q.dtype for o in (q_out, k_out))
+    outs_ok = (q_out is None or q_out.dtype == q.dtype) and (k_out is None or k_out.dtype == q.dtype)
     if (
         not (_native(q, k, cos_sin_cache) and q.dtype == k.dtype and outs_ok)
         or q.stride(-1) != 1
@@ -105,20 +128,18 @@ def rotary(q, k, positions, cos_sin_cache, q_out=None, k_out=None):
         return reference.rotary(q, k, positions, cos_sin_cache, q_out=q_out, k_out=k_out)
     q_out = torch.empty_like(q, memory_format=torch.contiguous_format) if q_out is None else q_out
     k_out = torch.empty_like(k, memory_format=torch.contiguous_format) if k_out is None else k_out
-    torch.ops.bulkrun_cpu.rotary(
-        q, k, positions.long().contiguous(), cos_sin_cache.contiguous(), q_out, k_out
-    )
+    _op("rotary")(q, k, positions.long().contiguous(), cos_sin_cache.contiguous(), q_out, k_out)
     return q_out, k_out
 
 
 def silu_and_mul(x, out=None):
     """x[T, 2I] (gate then up) -> silu(gate) * up, [T, I]."""
-    return _gated(x, out, torch.ops.bulkrun_cpu.silu_and_mul, reference.silu_and_mul)
+    return _gated(x, out, "silu_and_mul", reference.silu_and_mul)
 
 
 def gelu_tanh_and_mul(x, out=None):
     """x[T, 2I] (gate then up) -> gelu_tanh(gate) * up, [T, I] (GeGLU)."""
-    return _gated(x, out, torch.ops.bulkrun_cpu.gelu_tanh_and_mul, reference.gelu_tanh_and_mul)
+    return _gated(x, out, "gelu_tanh_and_mul", reference.gelu_tanh_and_mul)
 
 
 def _gated(x, out, native, fallback):
@@ -126,7 +147,7 @@ def _gated(x, out, native, fallback):
         return fallback(x, out=out)
     if out is None:
         out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype, device=x.device)
-    native(x, out)
+    _op(native)(x, out)
     return out
 
 
