@@ -41,9 +41,10 @@ constexpr int64_t kCols = 16;  // columns per tile (16 fp32 of C, 16 pairs of B)
 constexpr int64_t kStep = 32;  // K per tile instruction
 constexpr int64_t kTileRows = 16;
 constexpr int64_t kBlockFloats = 2 * kTileRows * 2 * kCols;  // one 32 x 32 fp32 C block
-// From this many rows the grouped order runs. 30 layers' linears of the default model (K = 576 and
-// 1536, weights cold as in an engine step), AMX box: 1,024 rows 96 against 114 ms, 512 rows even,
-// 128 rows 23 against 18.5 ms (the grouped order reads each group's panels once per row block).
+// From this many rows the grouped order runs. The default model's 30 layers' linears (K = 576 and
+// 1536, weights cold as in an engine step; bench/linear_bench.py, AMX box): 1,024 rows 101-105
+// against 119-124 ms; 512 rows even; 128 rows 23 against 18.5 ms (the grouped order reads each
+// group's panels once per row block).
 constexpr int64_t kGroupedRows = 768;
 constexpr int64_t kGroupBytes = 1 << 20;  // a group's panels: about half of L2
 constexpr int64_t kChunkSteps = 12;       // at most: 32 rows x 384 K of A, 24 KB, stay in L1
@@ -131,7 +132,7 @@ void gemm(const at::Tensor& x, const at::Tensor& wp, const float* bias, at::Tens
       write_block(c, std::min(2 * kTileRows, M - m), std::min(2 * kCols, N - n0), bias ? bias + n0 : nullptr,
                   yp + m * ldy + n0, ldy);
   };
-  if (M < kGroupedRows) {
+  if (M < kGroupedRows || steps == 0) {  // K = 0: nothing to chunk, y = the bias
     at::parallel_for(0, pairs, 1, [&](int64_t p0, int64_t p1) {
       configure_tiles();
       alignas(64) float c[kBlockFloats];

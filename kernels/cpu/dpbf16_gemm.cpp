@@ -49,7 +49,7 @@ template <int R, int C, typename Y>
 void tile(const bf16* x, int64_t ldx, const bf16* w, int64_t block_stride, int64_t pairs, const float* bias,
           Y* y, int64_t ldy, int64_t cols, Prefetch pf) {
   // lines [kp * step >> 8, (kp + 1) * step >> 8) at pair kp: each line once, evenly over the loop
-  const int64_t step = pf.lines * 256 / pairs + (pf.lines * 256 % pairs != 0);
+  const int64_t step = pairs == 0 ? 0 : pf.lines * 256 / pairs + (pf.lines * 256 % pairs != 0);  // K = 0: no loop
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();

@@ -67,6 +67,14 @@ def test_rows_do_not_depend_on_the_batch(n, k, kernel):
     assert torch.equal(gemm(kernel, strided, wp, bp, n), full)
 
 
+@pytest.mark.parametrize("rows", [5, 800])
+def test_an_empty_reduction_gives_the_bias(rows, kernel):
+    _, b, wp, bp = _case(40, 0, True)
+    assert torch.equal(
+        gemm(kernel, torch.zeros(rows, 0, dtype=torch.bfloat16), wp, bp, 40), b.bfloat16().expand(rows, 40)
+    )
+
+
 def test_rejects_bad_input(kernel):
     _, _, wp, _ = _case(64, 64, False)
     with pytest.raises(TypeError, match="bfloat16"):
