@@ -105,9 +105,13 @@ inline const int64_t* key_row_offsets(const int32_t* table, int64_t block_size, 
                                       int64_t key_stride) {
   thread_local std::vector<int64_t> offsets;
   offsets.resize(num_keys);
-  for (int64_t key = 0; key < num_keys; ++key)
-    offsets[key] = (static_cast<int64_t>(table[key / block_size]) * block_size + key % block_size) * key_stride;
-  return offsets.data();
+  int64_t* out = offsets.data();
+  // block by block: a division per key (block_size is known only at run time) cost more than the rest
+  for (int64_t key0 = 0, b = 0; key0 < num_keys; key0 += block_size, ++b) {
+    const int64_t base = static_cast<int64_t>(table[b]) * block_size * key_stride, n = std::min(block_size, num_keys - key0);
+    for (int64_t j = 0; j < n; ++j) out[key0 + j] = base + j * key_stride;
+  }
+  return out;
 }
 
 // f(integral_constant<R>) for the runtime row count n in 1 .. Max, so per-row arrays can stay in registers.
