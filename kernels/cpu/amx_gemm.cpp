@@ -16,9 +16,9 @@
 // - fewer than kGroupedRows rows (decode steps): per pair, all rows in blocks of 32 over the whole of K;
 //   each panel streams from memory once and the other row blocks reuse it from cache.
 // - more rows (prompt steps): per group of pairs whose panels fit L2, per 32-row block, K in chunks
-//   whose A part stays in L1 while the group's pairs walk it. Per pair over the whole of K, a block's
-//   A and B parts (36 KB each at K = 576) both came from L2, and the tile loads, not the products,
-//   set the rate.
+//   whose A part stays in L1 while the group's pairs walk it (per pair over the whole of K, a block's
+//   A and B parts, 36 KB each at K = 576, both come from L2, and the tile loads, not the products,
+//   set the rate).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
