@@ -1,5 +1,6 @@
-// AMX's tile state, for the kernels that run on it (amx_gemm.cpp, attention_amx.h): leave to use it
-// and the one tile shape they all use. Defines BULKRUN_AMX_TILES where the compiler targets AMX.
+// AMX's tile state, for the kernels that run on it (amx_gemm.cpp, attention_amx.h): the OS's
+// permission to use it and the one tile shape they all use. Defines BULKRUN_AMX_TILES where the
+// compiler targets AMX.
 #pragma once
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__)

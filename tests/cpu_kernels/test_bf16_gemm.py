@@ -3,6 +3,10 @@ product to bf16 accuracy, and each row's bits whatever rows share the call."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -11,8 +15,9 @@ from bulkrun_kernels.cpu_gemm import amx_available, bf16_gemm, dpbf16_available,
 
 G = torch.Generator().manual_seed(0)
 NATIVE = cpu_build.compiler_available() and cpu_build.load()
+NEEDS_AMX = pytest.mark.skipif(not (NATIVE and amx_available()), reason="no AMX here")
 KERNELS = [
-    pytest.param("amx", marks=pytest.mark.skipif(not (NATIVE and amx_available()), reason="no AMX here")),
+    pytest.param("amx", marks=NEEDS_AMX),
     pytest.param(
         "dpbf16", marks=pytest.mark.skipif(not (NATIVE and dpbf16_available()), reason="no AVX512-BF16")
     ),
@@ -37,9 +42,8 @@ def _case(n, k, bias):
 
 @pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 1536), (49, 32), (100, 64), (3072, 576), (40, 96)])
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize(
-    "rows", [37, 1000]
-)  # a decode-sized call and a prompt step's (amx: its own loop order)
+# rows: a decode-sized call and a prompt step's (amx runs the latter in its own loop order)
+@pytest.mark.parametrize("rows", [37, 1000])
 def test_matches_fp32_product(n, k, bias, rows, kernel):
     w, b, wp, bp = _case(n, k, bias)
     x = torch.randn(rows, k, generator=G).bfloat16()
@@ -101,15 +105,11 @@ assert torch.equal(y, (x.float() @ w.float().T).bfloat16())
 """
 
 
-@pytest.mark.skipif(not (NATIVE and amx_available()), reason="no AMX here")
+@NEEDS_AMX
 @pytest.mark.parametrize("amx_env", ["1", "0"])
 def test_amx_gemm_called_first_in_a_process(amx_env):
     # Linux grants AMX's tile state only on request: an op called before anything asked must ask
     # itself, not die of SIGILL; with BULKRUN_CPU_AMX=0 it refuses with an error
-    import os
-    import subprocess
-    import sys
-
     env = {**os.environ, "BULKRUN_CPU_AMX": amx_env}
     done = subprocess.run([sys.executable, "-c", _FIRST_CALL], env=env, capture_output=True, text=True)
     assert done.returncode == (0 if amx_env == "1" else 3), done.stderr[-2000:]
