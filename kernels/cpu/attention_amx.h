@@ -82,25 +82,37 @@ inline void weigh_tiles(int64_t n, int64_t chunks, const bf16* a_hi, const bf16*
 }
 
 // Keys key0 .. key0+7 (pairs of one 16-key group) of one kv head's values -> rows 8 half .. of the
-// chunk's B tiles, one per 16-dim block: row i = (v[2i][d], v[2i+1][d]) for the block's 16 dims.
-// Keys at or past num_keys are zeros (the cache's unused slots may hold anything).
+// chunk's B tiles, two per 32 dims: row i = (v[2i][d], v[2i+1][d]) for 16 dims d. The pairs come from
+// unpacking within 128-bit lanes (one instruction each, where a cross-lane permute costs three), so
+// of 32 dims the even tile holds dims 0-3, 8-11, 16-19, 24-27 and the odd one the other 16: a tile
+// product's column n depends on B's column n alone, so this only moves the output's dims, which
+// unpermute_dims puts back. Keys at or past num_keys are zeros (the cache's unused slots may hold
+// anything).
 template <int NV>
 inline void interleave_values(const bf16* v_cache, const int64_t* offsets, int64_t head, int64_t key0, int64_t half,
                               int64_t num_keys, bf16* tiles) {
-  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37,
-                                      5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
   for (int64_t i = 0; i < 8; ++i) {
     const int64_t a = key0 + 2 * i, b = a + 1;
     bf16* row = tiles + (8 * half + i) * 32;
     for (int64_t c = 0; c < NV; c += 2) {  // 32 dims: two 16-dim blocks
       const __m512i va = a < num_keys ? _mm512_loadu_si512(v_cache + offsets[a] + head + 16 * c) : _mm512_setzero_si512();
       const __m512i vb = b < num_keys ? _mm512_loadu_si512(v_cache + offsets[b] + head + 16 * c) : _mm512_setzero_si512();
-      _mm512_storeu_si512(row + c * 512, _mm512_permutex2var_epi16(va, lo, vb));
-      _mm512_storeu_si512(row + (c + 1) * 512, _mm512_permutex2var_epi16(va, hi, vb));
+      _mm512_storeu_si512(row + c * 512, _mm512_unpacklo_epi16(va, vb));
+      _mm512_storeu_si512(row + (c + 1) * 512, _mm512_unpackhi_epi16(va, vb));
     }
   }
 }
+
+// The outputs of an even and an odd value tile (interleave_values' dim order) -> dims 0-15, 16-31.
+inline void unpermute_dims(F16 even, F16 odd, F16& first, F16& second) {
+  const __m512i lo = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
+  const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+  const __m512 e = __builtin_bit_cast(__m512, even), o = __builtin_bit_cast(__m512, odd);
+  first = __builtin_bit_cast(F16, _mm512_permutex2var_ps(e, lo, o));
+  second = __builtin_bit_cast(F16, _mm512_permutex2var_ps(e, hi, o));
+}
+
+constexpr int64_t kGatherRows = 4;  // up to this many real rows in a block: gathered columns beat a 16 x 16 transpose
 
 // The caller configures the tiles (configure_tiles) once per thread and call, not per item.
 template <int NV>
@@ -166,6 +178,8 @@ void run_item_amx(const WorkItem& w, const Geometry& g, const bf16* q, const bf1
   // scores, group by group and every kv head of it (a key's heads are one run of memory), up to four
   // row blocks per key load, masked; the values laid out as B tiles on the way (both streams read
   // once); the next group's rows go to L2 meanwhile, a share of its keys per kv head
+  // C^T's rows are 64 floats apart (up to four row blocks side by side)
+  const __m512i key_rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(64));
   prefetch_key_rows(k_cache, offsets, g0 * kKeys, std::min(kKeys, num_keys - g0 * kKeys), key_stride);
   prefetch_key_rows(v_cache, offsets, g0 * kKeys, std::min(kKeys, num_keys - g0 * kKeys), key_stride);
   for (int64_t kg = g0; kg < key_groups; ++kg) {
@@ -196,10 +210,15 @@ void run_item_amx(const WorkItem& w, const Geometry& g, const bf16* q, const bf1
         tile_products(nb, kSteps, keys, keys_stride, reinterpret_cast<const bf16*>(q_t.data() + kvh * q_t_head) + rb * kSteps * 512,
                       512, kSteps * 512, c_t.data(), 4 * 16 * 4);
         for (int64_t b = 0; b < nb; ++b) {
-          F16 block[16];  // block[j]: key j's scores of the 16 rows -> block[n]: row n's of the 16 keys
-          for (int64_t j = 0; j < 16; ++j) block[j] = load16(c_t.data() + j * 64 + b * 16);
-          transpose16(block);
           const int64_t r0 = (rb + b) * 16, real = std::min<int64_t>(16, rows - r0);  // pad rows are never read
+          F16 block[16];  // C^T's row j: key j's scores of the 16 rows -> block[n]: row n's of the 16 keys
+          if (real <= kGatherRows) {  // a decode row's few: a column each, not the whole transpose
+            for (int64_t i = 0; i < real; ++i)
+              block[i] = __builtin_bit_cast(F16, _mm512_i32gather_ps(_mm512_add_epi32(key_rows, _mm512_set1_epi32(b * 16 + i)), c_t.data(), 4));
+          } else {
+            for (int64_t j = 0; j < 16; ++j) block[j] = load16(c_t.data() + j * 64 + b * 16);
+            transpose16(block);
+          }
           for (int64_t i = 0; i < real; ++i) block[i] *= g.scale;
           cap_scores(block, real, g.softcap);
           for (int64_t i = 0; i < real; ++i)
@@ -241,7 +260,13 @@ void run_item_amx(const WorkItem& w, const Geometry& g, const bf16* q, const bf1
           const int64_t token = w.q_begin + r / group, h = kvh * group + r % group;
           bf16* dst = out + (token0 + token) * g.out_stride_token + h * g.out_stride_head + nb0 * 16;
           const float inv = 1.f / row_sum[r];
-          for (int64_t c = 0; c < nd; ++c) store16(dst + 16 * c, load16(block_out.data() + (r - rb * 16) * nd * 16 + 16 * c) * inv);
+          const float* sums = block_out.data() + (r - rb * 16) * nd * 16;
+          for (int64_t c = 0; c < nd; c += 2) {  // nd is even: NV is
+            F16 first, second;
+            unpermute_dims(load16(sums + 16 * c), load16(sums + 16 * c + 16), first, second);
+            store16(dst + 16 * c, first * inv);
+            store16(dst + 16 * c + 16, second * inv);
+          }
         }
       }
     }
