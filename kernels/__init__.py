@@ -33,6 +33,8 @@ class KernelOps:
     silu_and_mul: Callable
     gelu_tanh_and_mul: Callable
     fused_moe: Callable
+    # consecutive Llama-style layers in one native call (bulkrun/model/layer_stack.py); None: layer by layer
+    decoder_layers: Callable | None = None
 
 
 def triton_available() -> bool:
@@ -96,10 +98,14 @@ def _cpu_ops(device, batch_invariant: bool) -> KernelOps:
         raise ValueError(f"kernel backend 'cpu' runs on the CPU, got device {device}; use 'auto' there")
     if not cpu_build.load():
         raise ValueError(f"kernel backend 'cpu' could not be built here: {cpu_build.load_error()}")
-    ops = _ops_from("cpu", cpu_ops)
+    ops = dataclasses.replace(_ops_from("cpu", cpu_ops), decoder_layers=cpu_ops.decoder_layers)
     if batch_invariant:
         return ops
-    return dataclasses.replace(ops, paged_attention=_not_invariant(cpu_ops.paged_attention))
+    return dataclasses.replace(
+        ops,
+        paged_attention=_not_invariant(cpu_ops.paged_attention),
+        decoder_layers=_not_invariant(cpu_ops.decoder_layers),
+    )
 
 
 def _triton_ops(device, batch_invariant: bool) -> KernelOps:

@@ -151,6 +151,18 @@ def _gated(x, out, native, fallback):
     return out
 
 
+def decoder_layers(stack, x, residual, md, cos_sin_cache, kv_caches, batch_invariant=True):
+    """x, residual through the stack's layers (bulkrun.model.layer_stack.LayerStack: per layer the
+    norms, packed linears and rotary / attention geometry) in one native call; kv_caches: theirs."""
+    return _op("decoder_layers")(
+        x, residual, stack.norms, stack.weights, stack.biases, stack.out_features,
+        [k for k, _ in kv_caches], [v for _, v in kv_caches], stack.gemm, stack.activation,
+        stack.num_heads, stack.num_kv_heads, stack.head_dim, stack.eps, stack.scale,
+        md.rotary_rows.long().contiguous(), cos_sin_cache.contiguous(), md.slot_mapping.long().contiguous(),
+        _i32(md.block_tables), _i32(md.query_start_loc), _i32(md.seq_lens), batch_invariant,
+    )  # fmt: skip
+
+
 # Mixture of experts on the CPU: one oneDNN/MKL matmul per non-empty expert over its gathered rows
 fused_moe = reference.fused_moe
 

@@ -14,6 +14,7 @@ from torch import nn
 
 from bulkrun.model.attention_metadata import AttentionMetadata
 from bulkrun.model.config import ModelConfig
+from bulkrun.model.layer_stack import LayerStack, layer_stack
 from bulkrun.model.layers import param
 from bulkrun.model.linear import Linear
 
@@ -36,6 +37,10 @@ class DecoderLM(nn.Module):
         # dtypes, so each layer's output is rounded once instead of the sum at every layer
         self.residual_dtype: torch.dtype | None = None
         self.embed_multiplier: float | None = None  # sqrt(hidden) rounded to the model dtype (Gemma)
+        # the middle layers as one native call where the ops have one and the layers qualify
+        # (layer_stack.py); built at the first step, after the loader has packed the weights
+        self._stack: LayerStack | None = None
+        self._stack_built = False
 
     def make_layer(self, cfg: ModelConfig, index: int) -> nn.Module:
         raise NotImplementedError
@@ -95,7 +100,16 @@ class DecoderLM(nn.Module):
             x = torch.zeros(embedded.shape, dtype=self.norm.dtype, device=embedded.device)
             residual = embedded.to(self.residual_dtype)
         last = len(self.layers) - 1
+        stack = self._middle_stack()
+        if stack is not None and not (stack.runs(x.shape[0]) and x.is_contiguous()):
+            stack = None
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            if stack is not None and 0 < i < last:  # layers 1 .. last-1 in one call
+                if i == 1:
+                    x, residual = self.ops.decoder_layers(
+                        stack, x, residual, md, self.cos_sin_cache, kv_caches[1:last]
+                    )
+                continue
             local = layer.attn.window and self.local_cos_sin_cache is not None
             cos_sin = self.local_cos_sin_cache if local else self.cos_sin_cache
             # the last layer's outputs are read at the logits rows alone: where those are the
@@ -108,6 +122,13 @@ class DecoderLM(nn.Module):
             x, residual = x.index_select(0, logits_indices), residual.index_select(0, logits_indices)
         # the head's input in the residual stream's dtype: the last norm's output is not rounded to bf16
         return self.ops.rms_norm(x.to(residual.dtype), self.norm, self.cfg.rms_norm_eps, residual)[0]
+
+    def _middle_stack(self) -> LayerStack | None:
+        if not self._stack_built:
+            native = getattr(self.ops, "decoder_layers", None) is not None
+            self._stack = layer_stack(list(self.layers)[1:-1]) if native else None
+            self._stack_built = True
+        return self._stack
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """fp32 logits [N, vocab] of final hidden rows h [N, hidden] (in the head's own dtype: a CPU

@@ -116,9 +116,13 @@ class Linear(nn.Module):
             return self._forward(x.float()).to(self.io_dtype)
         return self._forward(x)
 
+    def on_tiles(self, rows: int) -> bool:
+        """Whether a call of this many rows runs the fixed-order bf16 GEMM (its tiles)."""
+        return self.tiles is not None and (self.invariant or self.packed is None or rows <= SMALL_ROWS)
+
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         small = x.shape[0] <= SMALL_ROWS
-        if self.tiles is not None and (self.invariant or self.packed is None or small):
+        if self.on_tiles(x.shape[0]):
             return bf16_gemm(x, self.tiles, self.tile_bias, self.out_features, kernel=self.tile_kernel)
         if self.panels is not None and (self.packed is None or self.invariant or small):
             return self._small_gemm(x)

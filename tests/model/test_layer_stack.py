@@ -1,0 +1,110 @@
+"""The middle decoder layers in one native call (bulkrun/model/layer_stack.py) give the bits the layers
+give one by one, in the final hidden states and in every layer's K/V, on prompt and decode steps,
+batch invariant or not; layers that are not exactly its recipe run one by one."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from helpers.models import VOCAB, build_tiny_model
+
+from bulkrun.engine.core.config import EngineConfig
+from bulkrun.engine.core.params import SamplingParams
+from bulkrun.engine.core.request import Request
+from bulkrun.engine.worker.runner import ModelRunner
+from bulkrun.engine.worker.step_inputs import build_step_inputs
+from bulkrun_kernels import cpu_build, cpu_dtype
+from bulkrun_kernels.cpu_gemm import fixed_order_bf16_kernel
+
+BLOCK = 4
+
+pytestmark = pytest.mark.skipif(
+    not (cpu_build.load() and cpu_dtype.native_bf16() and fixed_order_bf16_kernel()),
+    reason="needs the native kernels and a fixed-order bf16 GEMM (AVX512-BF16 or AMX)",
+)
+
+
+def _runner(kind: str, folder, invariant: bool = True, **config) -> ModelRunner:
+    build_tiny_model(kind, folder, num_hidden_layers=5, **config)
+    engine_config = EngineConfig(block_size=BLOCK, kv_cache_bytes=1 << 20, dtype="bfloat16", kernels="cpu",
+                                 batch_invariant=invariant)  # fmt: skip
+    return ModelRunner(str(folder), engine_config)
+
+
+def _work(decode: bool) -> list[tuple[Request, int, bool]]:
+    """Three sequences: whole prompts, or one new token each after their prompts."""
+    gen = torch.Generator().manual_seed(7)
+    rows = []
+    for i, length in enumerate((9, 17, 5)):
+        r = Request(
+            f"r{i}", SamplingParams(), torch.randint(3, VOCAB, (length,), generator=gen).tolist(), length
+        )
+        r.block_table = list(range(6 * i, 6 * i + 6))
+        if decode:
+            r.num_computed_tokens = length - 1
+        rows.append((r, 1 if decode else length, True))
+    return rows
+
+
+def _final_hidden(runner: ModelRunner, stacked: bool, decode: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    model = runner.model
+    saved = model._middle_stack()
+    model._stack = saved if stacked else None
+    try:
+        runner.kv_cache.data.zero_()
+        with torch.inference_mode():
+            if decode:  # the prompts' K/V first, as the steps before would have written them
+                inputs = build_step_inputs(_work(decode=False), BLOCK)
+                model.final_hidden(
+                    inputs.input_ids, inputs.metadata, runner.kv_cache.layers, inputs.logits_indices
+                )
+            inputs = build_step_inputs(_work(decode), BLOCK)
+            h = model.final_hidden(
+                inputs.input_ids, inputs.metadata, runner.kv_cache.layers, inputs.logits_indices
+            )
+        return h, runner.kv_cache.data.clone()
+    finally:
+        model._stack = saved
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])  # qwen2: q/k/v biases
+@pytest.mark.parametrize("invariant", [True, False])
+@pytest.mark.parametrize("decode", [False, True])
+def test_the_native_stack_gives_the_layer_by_layer_bits(kind, invariant, decode, tmp_path):
+    runner = _runner(kind, tmp_path, invariant)
+    stack = runner.model._middle_stack()
+    assert stack is not None and len(stack.weights) == 4 * 3  # layers 1, 2, 3 of 0 .. 4
+    stacked, stacked_cache = _final_hidden(runner, stacked=True, decode=decode)
+    alone, alone_cache = _final_hidden(runner, stacked=False, decode=decode)
+    assert torch.equal(stacked, alone)
+    assert torch.equal(stacked_cache, alone_cache)
+    assert stacked_cache.abs().sum() > 0  # the layers wrote their K/V
+
+
+def test_the_native_stack_runs_in_a_step(tmp_path, monkeypatch):
+    runner = _runner("llama", tmp_path)
+    calls = []
+    native = runner.ops.decoder_layers
+    counted = dataclasses.replace(
+        runner.ops, decoder_layers=lambda *a, **k: calls.append(1) or native(*a, **k)
+    )
+    monkeypatch.setattr(runner.model, "ops", counted)
+    _final_hidden(runner, stacked=True, decode=True)
+    assert calls == [1, 1]  # the prompt step, then the decode step
+
+
+def test_layers_off_the_recipe_run_one_by_one(tmp_path):
+    """q/k norms (Qwen3), a sliding window, a soft-cap: not what the native call computes."""
+    assert _runner("qwen3", tmp_path / "qwen3").model._middle_stack() is None
+    for knob, value in (("window", 4), ("softcap", 30.0)):
+        model = _runner("llama", tmp_path / knob).model
+        setattr(model.layers[2].attn, knob, value)
+        assert model._middle_stack() is None
+
+
+def test_a_step_of_many_rows_not_batch_invariant_runs_one_by_one(tmp_path):
+    """Not invariant, a prompt step's linears run on oneDNN (Linear.on_tiles): the stack stands aside."""
+    stack = _runner("llama", tmp_path, invariant=False).model._middle_stack()
+    assert stack.runs(8) and not stack.runs(4096)
