@@ -64,6 +64,24 @@ inline void store16(bf16* p, F16 v) {
 #endif
 }
 
+// v rounded to bf16 as from_float rounds each lane (nearest even, NaN kept quiet, subnormals kept:
+// the AVX512-BF16 conversion store16 uses flushes them), and widened back / stored. For the
+// elementwise ops, whose bf16 outputs are the scalar rounding's, 16 lanes at a time.
+inline U32x16 nearest_bf16_bits(F16 v) {
+  const U32x16 u = __builtin_bit_cast(U32x16, v);
+  const U32x16 nan = (u >> 16) | 0x40u;
+  const U32x16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return (u & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
+}
+inline F16 round_bf16(F16 v) { return __builtin_bit_cast(F16, nearest_bf16_bits(v) << 16); }
+inline void store16_nearest(bf16* p, F16 v) {
+  *reinterpret_cast<U16x16Unaligned*>(p) = __builtin_convertvector(nearest_bf16_bits(v), U16x16Unaligned);
+}
+inline void store16_nearest(float* p, F16 v) { store16(p, v); }
+// v as a T would hold it (bf16: rounded, then widened again)
+inline F16 round_to(F16 v, float) { return v; }
+inline F16 round_to(F16 v, bf16) { return round_bf16(v); }
+
 // A software prefetch into L1 that the compiler keeps: GCC deletes a loop whose body is only
 // __builtin_prefetch calls (it counts them as free of side effects), so x86 gets the instruction itself.
 inline void prefetch_l1(const void* p) {
