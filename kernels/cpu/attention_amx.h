@@ -90,8 +90,13 @@ inline void weigh_tiles(int64_t n, int64_t chunks, const bf16* a_hi, const bf16*
 // anything).
 template <int NV>
 inline void interleave_values(const bf16* v_cache, const int64_t* offsets, int64_t head, int64_t key0, int64_t half,
-                              int64_t num_keys, bf16* tiles) {
+                              int64_t num_keys, bf16* tiles, const char* pf_k = nullptr, const char* pf_v = nullptr,
+                              int64_t pf_lines = 0) {
   for (int64_t i = 0; i < 8; ++i) {
+    for (int64_t l = i * pf_lines / 8; l < (i + 1) * pf_lines / 8; ++l) {
+      prefetch_l2(pf_k + 64 * l);
+      prefetch_l2(pf_v + 64 * l);
+    }
     const int64_t a = key0 + 2 * i, b = a + 1;
     bf16* row = tiles + (8 * half + i) * 32;
     for (int64_t c = 0; c < NV; c += 2) {  // 32 dims: two 16-dim blocks
@@ -191,7 +196,13 @@ void run_item_amx(const WorkItem& w, const Geometry& g, const bf16* q, const bf1
     while (rb1 > rb0 && first_group((rb1 - 1) * 16) > kg) --rb1;
     for (int64_t kvh = 0; kvh < heads; ++kvh) {
       const int64_t head = kvh * D;
-      if (m > 0) {
+      // the next group's keys and values: where a group is one run (direct), spread over this head's
+      // value interleaving, so the miss buffers see a steady trickle; else in one burst
+      const int64_t run_lines = direct && m > 0 ? (m * key_stride * 2 + 63) / 64 : 0;
+      const int64_t pf_first = kvh * run_lines / heads, pf_count = (kvh + 1) * run_lines / heads - pf_first;
+      const char* pf_k = reinterpret_cast<const char*>(k_cache + (m > 0 ? offsets[next] : 0)) + 64 * pf_first;
+      const char* pf_v = reinterpret_cast<const char*>(v_cache + (m > 0 ? offsets[next] : 0)) + 64 * pf_first;
+      if (m > 0 && !direct) {
         prefetch_key_rows(k_cache, offsets, next, m, key_stride, kvh, heads);
         prefetch_key_rows(v_cache, offsets, next, m, key_stride, kvh, heads);
       }
@@ -226,7 +237,8 @@ void run_item_amx(const WorkItem& w, const Geometry& g, const bf16* q, const bf1
         }
       }
       bf16* head_values = values.data() + kvh * values_head;
-      interleave_values<NV>(v_cache, offsets, head, key0, kg % 2, num_keys, head_values + (kg / 2 - c0) * NV * 512);
+      interleave_values<NV>(v_cache, offsets, head, key0, kg % 2, num_keys, head_values + (kg / 2 - c0) * NV * 512,
+                            pf_k, pf_v, pf_count);
       if (kg + 1 == key_groups && kg % 2 == 0)  // the last chunk's second half: past the keys, zeros
         interleave_values<NV>(v_cache, offsets, head, next, 1, num_keys, head_values + (chunks - 1) * NV * 512);
     }
