@@ -1,7 +1,8 @@
-"""Exact greedy tokens from a bf16 screen of the LM head (kernels/cpu/greedy_head.cpp).
+"""Exact greedy tokens from a bf16 or int8 screen of the LM head (kernels/cpu/greedy_head.cpp).
 
     norms = row_norms(weight)                                  # once per weight
     tokens = screened_argmax(approx, h, weight, norms)         # approx = bf16(h) @ bf16(weight).T, bf16
+    tokens = screened_argmax_int8(h, Int8Head(weight), weight, norms)   # where AMX int8 runs
 
 The native op proves from a rigorous error bound which few tokens can still be the argmax and
 compares only those exactly; a row it cannot bound (an inf or NaN anywhere) comes back as -1 and is
@@ -30,7 +31,34 @@ def screened_argmax(
     """int64 [N]: argmax_j h[i] . weight[j] for each row i, from approx [N, V] bf16 and h [N, K] fp32."""
     if h.stride(-1) != 1:
         h = h.contiguous()
-    tokens = torch.ops.bulkrun_cpu.greedy_head(approx, h, weight, norms)
+    return _full_where_unbounded(torch.ops.bulkrun_cpu.greedy_head(approx, h, weight, norms), h, weight)
+
+
+def int8_screen_available() -> bool:
+    """Whether the int8 screen runs here (AMX int8 tiles, granted by the OS)."""
+    return bool(torch.ops.bulkrun_cpu.greedy_head_int8_available())
+
+
+class Int8Head:
+    """The LM head as the int8 screen reads it (kernels/cpu/head_int8.h): int8 rows with a scale each,
+    packed as AMX tiles, and each row's quantization error norm (the bound's term)."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.packed, self.scales, self.err_norms = torch.ops.bulkrun_cpu.pack_head_int8(weight.contiguous())
+
+
+def screened_argmax_int8(
+    h: torch.Tensor, head: Int8Head, weight: torch.Tensor, norms: torch.Tensor
+) -> torch.Tensor:
+    """screened_argmax's tokens, the screen an int8 product of h [N, K] fp32 and the packed head."""
+    h = h.contiguous()
+    tokens = torch.ops.bulkrun_cpu.greedy_head_int8(
+        h, head.packed, head.scales, head.err_norms, weight, norms
+    )
+    return _full_where_unbounded(tokens, h, weight)
+
+
+def _full_where_unbounded(tokens: torch.Tensor, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     unbounded = (tokens < 0).nonzero().squeeze(1)
     if unbounded.numel():
         rows = h.index_select(0, unbounded)

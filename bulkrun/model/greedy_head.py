@@ -1,10 +1,12 @@
-"""The greedy LM head on the CPU: a bf16 product screens the vocabulary, fp32 rows decide the token.
+"""The greedy LM head on the CPU: a bf16 or int8 product screens the vocabulary, fp32 rows decide the token.
 
 A greedy row that asks for no log-probability needs only the argmax. On CPUs with native bf16 dot
 products (avx512_bf16, amx_bf16) oneDNN's bf16 product of the LM head takes about half the time of
-the fp32 one (bench/lm_head_bench.py); a native pass then bounds its error and
-verifies the few tokens that could still win against the fp32 weight (bulkrun_kernels.cpu_greedy),
-so the token is exactly the fp32 head's argmax. Where bf16 is emulated it would be slower: not built.
+the fp32 one (bench/lm_head_bench.py); where AMX runs int8 tiles, an int8 product reads half the
+bf16 bytes again at twice the tile rate (kernels/cpu/head_int8.h). A native pass then bounds the
+screen's error and verifies the few tokens that could still win against the fp32 weight
+(bulkrun_kernels.cpu_greedy), so the token is exactly the fp32 head's argmax. Where bf16 is emulated
+it would be slower: not built.
 """
 
 from __future__ import annotations
@@ -12,15 +14,27 @@ from __future__ import annotations
 import torch
 
 from bulkrun_kernels.cpu_dtype import native_bf16
-from bulkrun_kernels.cpu_greedy import row_norms, screened_argmax
+from bulkrun_kernels.cpu_greedy import (
+    Int8Head,
+    int8_screen_available,
+    row_norms,
+    screened_argmax,
+    screened_argmax_int8,
+)
 
 _BATCH_HINT = 64  # oneDNN's packing hint: decode steps run tens of rows
+# Up to this many rows the int8 screen wins (it reads half the bytes); above, the product is bound by
+# the tiles, and the int8 screen's two-part rows (hi, lo: head_int8.h) make as much tile work as bf16's.
+# bench/lm_head_bench.py --rows N, AMX box, head cold: 48 rows 3.4 against 4.4 ms, 128 rows 7.2
+# against 8.7 ms, 160 rows 9.3 against 8.2 ms.
+_INT8_MAX_ROWS = 128
 
 
 class ScreenedGreedyHead:
-    def __init__(self, weight: torch.Tensor):
+    def __init__(self, weight: torch.Tensor, int8: bool | None = None):
         self.weight = weight.detach()  # fp32 [V, K], the model's own tensor (the embedding when tied)
         self.norms = row_norms(self.weight)
+        self.int8 = Int8Head(self.weight) if (int8_screen_available() if int8 is None else int8) else None
         # torch's conversion rounds to nearest, as the error bound assumes
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.bfloat16(), _BATCH_HINT)
 
@@ -28,6 +42,8 @@ class ScreenedGreedyHead:
         """h [N, K] final hidden rows (fp32, or a bf16 model's bf16) -> int64 [N] argmax tokens of
         h @ weight.T, the fp32 product the full head computes."""
         h = h.float()
+        if self.int8 is not None and h.shape[0] <= _INT8_MAX_ROWS:
+            return screened_argmax_int8(h, self.int8, self.weight, self.norms)
         approx = torch.ops.mkldnn._linear_pointwise(h.bfloat16(), self.packed, None, "none", [], "")
         return screened_argmax(approx, h, self.weight, self.norms)
 

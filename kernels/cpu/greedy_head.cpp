@@ -25,6 +25,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #ifdef __AVX512F__
@@ -33,7 +34,10 @@
 
 #include <cmath>
 #include <limits>
+#include <tuple>
+#include <vector>
 
+#include "head_int8.h"
 #include "vec_math.h"
 
 namespace bulkrun_cpu {
@@ -73,11 +77,13 @@ inline uint32_t lane_bits(I16 mask) {
 }
 
 struct RowBound {
-  float alpha, beta;  // margin = c2 |approx| + alpha ||w_j|| + beta
+  float alpha, beta, gamma = 0.f;  // margin = c2 |approx| + alpha ||w_j|| (+ gamma ||e_j||: int8) + beta
 };
 
-template <typename T>
-inline T margin(T a, T w_norm, RowBound b) {
+// kErr: the int8 screen's bound, with its term in the weight row's quantization error ||e_j||
+template <bool kErr, typename T>
+inline T margin(T a, T w_norm, T e_norm, RowBound b) {
+  if constexpr (kErr) return select_max(a, -a) * kC2 + (w_norm * b.alpha + (e_norm * b.gamma + b.beta));
   return select_max(a, -a) * kC2 + (w_norm * b.alpha + b.beta);
 }
 
@@ -101,8 +107,9 @@ bool row_bound(const float* h, int64_t k, RowBound& out) {
   return std::isfinite(out.alpha) && std::isfinite(out.beta);
 }
 
-// max_j (approx - margin), or NaN when some approx is inf or NaN.
-float lower_bound(const uint16_t* a, const float* w_norm, int64_t v, RowBound b) {
+// max_j (approx - margin), or NaN when some approx is inf or NaN. e_norm: the int8 screen's (kErr).
+template <bool kErr>
+float lower_bound(const uint16_t* a, const float* w_norm, const float* e_norm, int64_t v, RowBound b) {
   F16 best = splat(-std::numeric_limits<float>::infinity());
   I16 bad = {};
   int64_t j = 0;
@@ -110,14 +117,14 @@ float lower_bound(const uint16_t* a, const float* w_norm, int64_t v, RowBound b)
     const I16 bits = bf16_bits(a + j);
     const F16 x = __builtin_bit_cast(F16, bits);
     bad |= (bits & kExponent) == kExponent;
-    best = select_max(best, x - margin(x, load16(w_norm + j), b));
+    best = select_max(best, x - margin<kErr>(x, load16(w_norm + j), kErr ? load16(e_norm + j) : F16{}, b));
   }
   float lo = lane_max(best);
   for (; j < v; ++j) {
     const int32_t bits = bf16_bits(a[j]);
     const float x = __builtin_bit_cast(float, bits);
     if ((bits & kExponent) == kExponent) return std::numeric_limits<float>::quiet_NaN();
-    lo = select_max(lo, x - margin(x, w_norm[j], b));
+    lo = select_max(lo, x - margin<kErr>(x, w_norm[j], kErr ? e_norm[j] : 0.f, b));
   }
   return lane_bits(bad) ? std::numeric_limits<float>::quiet_NaN() : lo;
 }
@@ -147,26 +154,36 @@ struct Best {
   }
 };
 
-int64_t row_argmax(const uint16_t* a, const float* h, const float* w, int64_t w_stride, const float* w_norm,
-                   int64_t v, int64_t k) {
-  RowBound b;
-  if (!row_bound(h, k, b)) return -1;
-  const float lo = lower_bound(a, w_norm, v, b);
+// The row's exact argmax from its screen a (bf16 [v]) under the bound b, or -1 (see the top).
+template <bool kErr>
+int64_t screened_row(const uint16_t* a, const float* h, const float* w, int64_t w_stride, const float* w_norm,
+                     const float* e_norm, int64_t v, int64_t k, RowBound b) {
+  const float lo = lower_bound<kErr>(a, w_norm, e_norm, v, b);
   if (std::isnan(lo)) return -1;
   Best best;
   int64_t j = 0;
   for (; j + 16 <= v; j += 16) {
     const F16 x = __builtin_bit_cast(F16, bf16_bits(a + j));
-    for (uint32_t hit = lane_bits(x + margin(x, load16(w_norm + j), b) >= lo); hit; hit &= hit - 1) {
+    const F16 m = margin<kErr>(x, load16(w_norm + j), kErr ? load16(e_norm + j) : F16{}, b);
+    for (uint32_t hit = lane_bits(x + m >= lo); hit; hit &= hit - 1) {
       const int64_t t = j + __builtin_ctz(hit);
       if (!best.offer(exact_logit(h, w + t * w_stride, k), t)) return -1;
     }
   }
   for (; j < v; ++j) {
     const float x = __builtin_bit_cast(float, bf16_bits(a[j]));
-    if (x + margin(x, w_norm[j], b) >= lo && !best.offer(exact_logit(h, w + j * w_stride, k), j)) return -1;
+    if (x + margin<kErr>(x, w_norm[j], kErr ? e_norm[j] : 0.f, b) >= lo &&
+        !best.offer(exact_logit(h, w + j * w_stride, k), j))
+      return -1;
   }
   return best.token;
+}
+
+int64_t row_argmax(const uint16_t* a, const float* h, const float* w, int64_t w_stride, const float* w_norm,
+                   int64_t v, int64_t k) {
+  RowBound b;
+  if (!row_bound(h, k, b)) return -1;
+  return screened_row<false>(a, h, w, w_stride, w_norm, nullptr, v, k, b);
 }
 
 // approx [N, V] bf16, h [N, K] fp32, weight [V, K] fp32, row_norms [V] fp32 (>= the true norms)
@@ -196,11 +213,141 @@ at::Tensor greedy_head(const at::Tensor& approx, const at::Tensor& h, const at::
   return tokens;
 }
 
+// The int8 screen's bound for row h (see head_int8.h), or false when it is not finite. With
+// h~ = a q_hi + b q_lo and w~_j = s_j q_j (exactly what the tiles multiply), h.w_j - h~.w~_j =
+// (h - h~).w_j + h~.(w_j - w~_j), so |h.w_j - h~.w~_j| <= ||h - h~|| ||w_j|| + ||h~|| ||e_j||; the
+// fp32 epilogue (int32 -> fp32, a I_hi + b I_lo, times s_j: four roundings) adds at most
+// 2^-21 (||a q_hi|| + ||b q_lo||)(||w_j|| + ||e_j||); bf16 output: c2 |approx|; the exact check's
+// double sums: K 2^-52 ||h|| ||w_j||; underflow in the epilogue (an fp32 op loses at most 2^-126
+// absolute even where it flushes, the bf16 conversion too): 2^-122 (1 + max s_j). Norms in double,
+// rounded up.
+bool int8_row_bound(const float* h, int64_t k, SplitRow split, const int8_t* hi, const int8_t* lo,
+                    float max_scale, RowBound& out) {
+  double hh = 0.0, hi_sq = 0.0, lo_sq = 0.0, approx_sq = 0.0, err_sq = 0.0;
+  for (int64_t i = 0; i < k; ++i) {
+    const double x = h[i], a = static_cast<double>(split.hi_scale) * hi[i], b = static_cast<double>(split.lo_scale) * lo[i];
+    hh += x * x, hi_sq += a * a, lo_sq += b * b;
+    approx_sq += (a + b) * (a + b);
+    err_sq += (x - a - b) * (x - a - b);
+  }
+  const double kd = static_cast<double>(k), grow = 1.0 + (kd + 8.0) * 0x1p-50;  // the double sums' roundings
+  const double rounding = 0x1p-21 * (std::sqrt(hi_sq) + std::sqrt(lo_sq)) * grow;
+  out.alpha = float_up((std::sqrt(err_sq) * grow + rounding + kd * 0x1p-52 * std::sqrt(hh) * grow + 1e-300) * kInflate);
+  out.gamma = float_up((std::sqrt(approx_sq) * grow + rounding) * kInflate);
+  out.beta = float_up(0x1p-122 * (1.0 + max_scale) * kInflate);
+  return std::isfinite(out.alpha) && std::isfinite(out.gamma) && std::isfinite(hh);
+}
+
+// weight fp32 [V, K] -> (packed int8 [NB][KS][16][64] as AMX's B tiles, scales fp32 [V], err_norms fp32 [V]
+// >= ||w_j - s_j q_j||): head_int8.h's layout.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_head_int8(const at::Tensor& weight) {
+  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.dim() == 2 && weight.is_contiguous(),
+              "pack_head_int8: weight must be contiguous float32 [V, K]");
+  const int64_t v = weight.size(0), k = weight.size(1);
+#ifdef BULKRUN_HEAD_INT8
+  const int64_t nb = (v + kInt8Cols - 1) / kInt8Cols, ks = (k + kInt8Step - 1) / kInt8Step;
+  at::Tensor packed = at::zeros({nb, ks, 16, 64}, weight.options().dtype(at::kChar));
+  at::Tensor scales = at::empty({v}, weight.options());
+  at::Tensor err = at::empty({v}, weight.options());
+  int8_t* pp = packed.data_ptr<int8_t>();
+  const float* wp = weight.data_ptr<float>();
+  float* sp = scales.data_ptr<float>();
+  float* ep = err.data_ptr<float>();
+  at::parallel_for(0, nb, 16, [&](int64_t b0, int64_t b1) {
+    std::vector<int8_t> q(k);
+    for (int64_t b = b0; b < b1; ++b)
+      for (int64_t n = 0; n < kInt8Cols && b * kInt8Cols + n < v; ++n) {
+        const int64_t j = b * kInt8Cols + n;
+        ep[j] = float_up(quantize_weight_row(wp + j * k, k, q.data(), sp[j]) * (1.0 + 0x1p-40) * kInflate);
+        for (int64_t i = 0; i < k; ++i)  // step i / 64, tile row (i % 64) / 4, byte 4 n + i % 4
+          pp[((b * ks + i / kInt8Step) * 16 + (i % kInt8Step) / 4) * 64 + 4 * n + i % 4] = q[i];
+      }
+  });
+  return {packed, scales, err};
+#else
+  TORCH_CHECK(false, "pack_head_int8: built without AMX int8");
+#endif
+}
+
+// The exact greedy tokens from the int8 screen: h fp32 [N, K]; packed, scales, err_norms from
+// pack_head_int8; weight fp32 [V, K]; row_norms [V] (>= the true norms). -1 where the caller must
+// compute the row in full (as greedy_head).
+at::Tensor greedy_head_int8(const at::Tensor& h, const at::Tensor& packed, const at::Tensor& scales,
+                            const at::Tensor& err_norms, const at::Tensor& weight, const at::Tensor& row_norms) {
+  TORCH_CHECK(h.scalar_type() == at::kFloat && h.dim() == 2 && h.is_contiguous(), "h must be contiguous float32 [N, K]");
+  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.dim() == 2 && weight.stride(1) == 1,
+              "weight must be float32 [V, K] with contiguous rows");
+  TORCH_CHECK(packed.scalar_type() == at::kChar && packed.dim() == 4 && packed.is_contiguous() && packed.size(2) == 16 &&
+                  packed.size(3) == 64, "packed must be pack_head_int8's");
+  const int64_t n = h.size(0), k = h.size(1), v = weight.size(0), kp = packed.size(1) * kInt8Step;
+  TORCH_CHECK(weight.size(1) == k && kp >= k && kp < k + kInt8Step && packed.size(0) == (v + 15) / 16,
+              "greedy_head_int8: mismatched shapes");
+  for (const at::Tensor* t : {&scales, &err_norms, &row_norms})
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == v, "per-token vectors must be float32 [V]");
+  at::Tensor tokens = at::empty({n}, h.options().dtype(at::kLong));
+#ifdef BULKRUN_HEAD_INT8
+  TORCH_CHECK(amx_ready(), "greedy_head_int8: AMX is off here");
+  if (n == 0) return tokens;
+  const float* hp = h.data_ptr<float>();
+  const int64_t blocks = (n + 15) / 16;
+  std::vector<int8_t> rows(blocks * 2 * 16 * kp, 0);  // [block][hi, lo][16][kp]
+  std::vector<SplitRow> split(n);
+  std::vector<uint8_t> finite(n);
+  at::parallel_for(0, n, 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* x = hp + r * k;
+      bool ok = true;
+      for (int64_t i = 0; i < k; ++i) ok &= std::isfinite(x[i]);
+      finite[r] = ok;
+      int8_t* hi = rows.data() + ((r / 16) * 32 + r % 16) * kp;
+      if (ok) split[r] = split_row(x, k, kp, hi, hi + 16 * kp);
+    }
+  });
+  const float* sp = scales.data_ptr<float>();
+  const float max_scale = *std::max_element(sp, sp + v);
+  at::Tensor approx = at::empty({n, v}, h.options().dtype(at::kBFloat16));
+  auto* ap = reinterpret_cast<uint16_t*>(approx.data_ptr<at::BFloat16>());
+  int8_screen(rows.data(), split.data(), n, kp, packed.data_ptr<int8_t>(), sp, v, ap, v);
+  const float* wp = weight.data_ptr<float>();
+  const float* wn = row_norms.data_ptr<float>();
+  const float* en = err_norms.data_ptr<float>();
+  int64_t* out = tokens.data_ptr<int64_t>();
+  at::parallel_for(0, n, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int8_t* hi = rows.data() + ((r / 16) * 32 + r % 16) * kp;
+      RowBound b;
+      out[r] = finite[r] && int8_row_bound(hp + r * k, k, split[r], hi, hi + 16 * kp, max_scale, b)
+                   ? screened_row<true>(ap + r * v, hp + r * k, wp, weight.stride(0), wn, en, v, k, b)
+                   : -1;
+    }
+  });
+  return tokens;
+#else
+  TORCH_CHECK(false, "greedy_head_int8: built without AMX int8");
+#endif
+}
+
+bool greedy_head_int8_available() {
+#ifdef BULKRUN_HEAD_INT8
+  return amx_ready();
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 }  // namespace bulkrun_cpu
 
 TORCH_LIBRARY_FRAGMENT(bulkrun_cpu, m) {
   m.def("greedy_head(Tensor approx, Tensor h, Tensor weight, Tensor row_norms) -> Tensor");
+  m.def("pack_head_int8(Tensor weight) -> (Tensor, Tensor, Tensor)");
+  m.def("greedy_head_int8(Tensor h, Tensor packed, Tensor scales, Tensor err_norms, Tensor weight, "
+        "Tensor row_norms) -> Tensor");
+  m.def("greedy_head_int8_available() -> bool", &bulkrun_cpu::greedy_head_int8_available);
 }
 
-TORCH_LIBRARY_IMPL(bulkrun_cpu, CPU, m) { m.impl("greedy_head", &bulkrun_cpu::greedy_head); }
+TORCH_LIBRARY_IMPL(bulkrun_cpu, CPU, m) {
+  m.impl("greedy_head", &bulkrun_cpu::greedy_head);
+  m.impl("pack_head_int8", &bulkrun_cpu::pack_head_int8);
+  m.impl("greedy_head_int8", &bulkrun_cpu::greedy_head_int8);
+}

@@ -1,6 +1,7 @@
-"""The screened greedy head (bf16 screen, exact check) against torch.argmax of the fp32 product:
+"""The screened greedy head (bf16 or int8 screen, exact check) against torch.argmax of the fp32 product:
 random rows, rows built with 1-ulp gaps and exact ties (the lowest id must win), huge and tiny norms,
-subnormal products, inf and NaN rows, one row and 64, vocabularies that are not a multiple of 16."""
+subnormal products, inf and NaN rows, outlier dimensions, one row and 64, vocabularies that are not a
+multiple of 16, hidden sizes that are not a multiple of the int8 tiles' 64."""
 
 from __future__ import annotations
 
@@ -9,17 +10,26 @@ import torch
 import torch.nn.functional as F
 
 from bulkrun.model.greedy_head import ScreenedGreedyHead
-from bulkrun_kernels.cpu_greedy import row_norms, screened_argmax
+from bulkrun_kernels.cpu_greedy import (
+    Int8Head,
+    int8_screen_available,
+    row_norms,
+    screened_argmax,
+    screened_argmax_int8,
+)
 
 ONEDNN_BF16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
-PATHS = ["onednn", "torch"] if ONEDNN_BF16 else ["torch"]
+INT8 = int8_screen_available()
+PATHS = (["onednn", "torch"] if ONEDNN_BF16 else ["torch"]) + (["int8"] if INT8 else [])
 ULP_UNITS = 2**24 - 64  # the best logit in units of 2^-10: the top fp32 binade, where 1 unit is 1 ulp
 
 
 def greedy(h: torch.Tensor, w: torch.Tensor, path: str = PATHS[0]) -> torch.Tensor:
     """The production path (oneDNN's packed bf16 product), or the kernel on torch's bf16 product."""
     if path == "onednn":
-        return ScreenedGreedyHead(w)(h)
+        return ScreenedGreedyHead(w, int8=False)(h)
+    if path == "int8":
+        return screened_argmax_int8(h, Int8Head(w), w, row_norms(w))
     return screened_argmax(F.linear(h.bfloat16(), w.bfloat16()), h, w, row_norms(w))
 
 
@@ -71,16 +81,17 @@ TIE_CASES = {
 }
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("hidden", [64, 576])
 @pytest.mark.parametrize("w_scale", [0, 30, -40])
 @pytest.mark.parametrize("case", list(TIE_CASES))
-def test_one_ulp_gaps_and_exact_ties_pick_the_lowest_best_id(hidden, w_scale, case):
+def test_one_ulp_gaps_and_exact_ties_pick_the_lowest_best_id(path, hidden, w_scale, case):
     special, want = TIE_CASES[case]
     h, w = tie_weights(hidden, 1000, special)
     w = w * 2.0**w_scale
     h = torch.stack([h, h * 2.0**40, h * 2.0**-50])  # huge and tiny norms, same exact ordering
     assert fp32_argmax(h, w).tolist() == [want] * 3  # the construction is exact in fp32
-    assert greedy(h, w).tolist() == [want] * 3
+    assert greedy(h, w, path).tolist() == [want] * 3
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -99,19 +110,53 @@ def test_a_bf16_rounding_that_reverses_the_order_is_caught(path):
     assert greedy(h, w, path).tolist() == [900]
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("scale", [2.0**50, 2.0**-55])
-def test_huge_and_tiny_norms(scale):
+def test_huge_and_tiny_norms(path, scale):
     g = torch.Generator().manual_seed(1)
     h = torch.randn(8, 64, generator=g) * scale
     w = torch.randn(1003, 64, generator=g) * scale
-    assert torch.equal(greedy(h, w), fp32_argmax(h, w))
+    assert torch.equal(greedy(h, w, path), fp32_argmax(h, w))
 
 
-def test_subnormal_products_still_give_the_exact_argmax():
+@pytest.mark.parametrize("path", PATHS)
+def test_subnormal_products_still_give_the_exact_argmax(path):
     g = torch.Generator().manual_seed(2)
     h = torch.randn(8, 64, generator=g) * 2.0**-64
     w = torch.randn(1003, 64, generator=g) * 2.0**-64  # products near 2^-128: fp32 subnormals
-    assert torch.equal(greedy(h, w), (h.double() @ w.double().T).argmax(dim=-1))
+    assert torch.equal(greedy(h, w, path), (h.double() @ w.double().T).argmax(dim=-1))
+
+
+@pytest.mark.skipif(not INT8, reason="no AMX int8 tiles here")
+@pytest.mark.parametrize(("rows", "hidden"), [(1, 576), (37, 100), (130, 576)])
+def test_int8_screen_with_outlier_dimensions_and_ragged_shapes(rows, hidden):
+    """Hidden rows with a few dimensions 40x the rest (as a model's final rows have) set a coarse int8
+    step for one part; the second part (hi, lo) and the bound keep the token exact. Hidden sizes off
+    the tiles' 64, row counts off their 16."""
+    g = torch.Generator().manual_seed(rows)
+    h = torch.randn(rows, hidden, generator=g)
+    h[:, [3, hidden // 2]] *= 40
+    w = torch.randn(4099, hidden, generator=g) * 0.05
+    w[7] *= 30  # one row of a much larger scale than the others
+    assert torch.equal(greedy(h, w, "int8"), fp32_argmax(h, w))
+
+
+@pytest.mark.skipif(not INT8, reason="no AMX int8 tiles here")
+def test_an_int8_rounding_that_reverses_the_order_is_caught():
+    """Row 900's values sit just below an int8 step boundary and row 3's just above: quantized, row 3
+    outscores row 900, though 900 is the best in fp32."""
+    hidden = 576
+    h = torch.ones(1, hidden)
+    w = torch.zeros(1000, hidden)
+    w[:, 0] = 127.0  # every row's scale: 1 int8 step = 1.0
+    w[900, 1:] = 0.49
+    w[3, 1:] = 0.51
+    w[3, 1::2] = 0.45
+    head = Int8Head(w)
+    approx_900 = head.scales[900] * torch.round(w[900] / head.scales[900]).sum()
+    approx_3 = head.scales[3] * torch.round(w[3] / head.scales[3]).sum()
+    assert approx_3 > approx_900 and fp32_argmax(h, w).tolist() == [900]
+    assert greedy(h, w, "int8").tolist() == [900]
 
 
 def test_rows_with_inf_or_nan_are_computed_in_full():
@@ -123,6 +168,13 @@ def test_rows_with_inf_or_nan_are_computed_in_full():
     raw = torch.ops.bulkrun_cpu.greedy_head(approx, h, w, row_norms(w))
     assert raw[1] == -1 and raw[2] == -1 and (raw[[0, 3]] >= 0).all()
     assert torch.equal(greedy(h, w), fp32_argmax(h, w))
+    if INT8:
+        head = Int8Head(w)
+        raw = torch.ops.bulkrun_cpu.greedy_head_int8(
+            h, head.packed, head.scales, head.err_norms, w, row_norms(w)
+        )
+        assert raw[1] == -1 and raw[2] == -1 and (raw[[0, 3]] >= 0).all()
+        assert torch.equal(greedy(h, w, "int8"), fp32_argmax(h, w))
 
 
 def test_row_norms_never_fall_below_the_true_norms():
@@ -138,6 +190,13 @@ def test_rows_of_near_equal_logits_everywhere_are_computed_in_full():
     approx = F.linear(h.bfloat16(), w.bfloat16())
     assert torch.ops.bulkrun_cpu.greedy_head(approx, h, w, row_norms(w)).tolist() == [-1, -1, -1]
     assert greedy(h, w).tolist() == fp32_argmax(h, w).tolist() == [0, 0, 0]
+    if INT8:
+        head = Int8Head(w)
+        raw = torch.ops.bulkrun_cpu.greedy_head_int8(
+            h, head.packed, head.scales, head.err_norms, w, row_norms(w)
+        )
+        assert raw.tolist() == [-1, -1, -1]
+        assert greedy(h, w, "int8").tolist() == [0, 0, 0]
 
 
 @pytest.mark.skipif(not ONEDNN_BF16, reason="oneDNN has no bf16 here")
@@ -147,7 +206,7 @@ def test_onednn_bf16_product_stays_inside_the_bound():
     g = torch.Generator().manual_seed(7)
     h = torch.randn(48, 576, generator=g) * torch.logspace(-3, 3, 48)[:, None]
     w = torch.randn(4099, 576, generator=g) * 0.05
-    head = ScreenedGreedyHead(w)
+    head = ScreenedGreedyHead(w, int8=False)
     approx = torch.ops.mkldnn._linear_pointwise(h.bfloat16(), head.packed, None, "none", [], "").double()
     exact = h.double() @ w.double().T
     u, k = 2.0**-8, h.shape[1]
