@@ -15,13 +15,16 @@ add up to the wall.
 from __future__ import annotations
 
 import argparse
+import bisect
 import time
 from collections import defaultdict
 
 import torch
+from torch.autograd.profiler import record_function
 from workload import chat_prompts, matmul_gflops, matmul_params
 
 NEW_TOKENS = 64
+STEP_MARK = "bulkrun.step_end:"
 # op name (as the profiler records it) -> group
 GROUPS = {
     "mkldnn::_linear_pointwise": "linears",
@@ -38,6 +41,7 @@ GROUPS = {
     "bulkrun_cpu::gelu_tanh_and_mul": "activation",
     "bulkrun_cpu::write_kv": "kv write",
     "bulkrun_cpu::greedy_head": "greedy head",
+    "bulkrun_cpu::greedy_head_int8": "greedy head",
 }
 
 
@@ -65,6 +69,8 @@ def profile(engine, prompts: list[list[int]], warm_prompts: list[list[int]] | No
         kind = "with prompt tokens" if stats.num_prefill_tokens else "decode only"
         steps[kind].append(now - last[0])
         last[0] = now
+        with record_function(f"{STEP_MARK}{kind}"):  # the step's end on the profiler's clock
+            pass
 
     with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
         t0 = last[0] = time.perf_counter()
@@ -73,7 +79,29 @@ def profile(engine, prompts: list[list[int]], warm_prompts: list[list[int]] | No
     groups: dict[str, float] = defaultdict(float)
     for event in prof.key_averages():
         groups[GROUPS.get(event.key, "other torch ops")] += event.self_cpu_time_total / 1e6
-    return wall, dict(groups), sum(len(o.output_token_ids) for o in outputs), steps
+    return (
+        wall,
+        dict(groups),
+        sum(len(o.output_token_ids) for o in outputs),
+        steps,
+        by_step_kind(prof.events()),
+    )
+
+
+def by_step_kind(events) -> dict[str, dict[str, float]]:
+    """Each op's self time (s) by group, binned into the kind of step it ran in (by the step end marks)."""
+    marks = sorted(
+        (e.time_range.start, e.name[len(STEP_MARK) :]) for e in events if e.name.startswith(STEP_MARK)
+    )
+    ends = [t for t, _ in marks]
+    split: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for event in events:
+        if event.name.startswith(STEP_MARK):
+            continue
+        i = bisect.bisect_left(ends, event.time_range.start)
+        if i < len(marks):
+            split[marks[i][1]][GROUPS.get(event.name, "other torch ops")] += event.self_cpu_time_total / 1e6
+    return split
 
 
 def main() -> None:
@@ -108,7 +136,7 @@ def main() -> None:
             continue
         prompts = chat_prompts(tokenizer, n, lo, hi)
         warm = None if args.cold else chat_prompts(tokenizer, n, lo, hi, seed=1)
-        wall, groups, generated, steps = profile(engine, prompts, warm)
+        wall, groups, generated, steps, split = profile(engine, prompts, warm)
         prompt_tokens = sum(map(len, prompts))
         print(
             f"\n{name}: {n} prompts, {prompt_tokens} prompt tokens, {generated} generated, wall {wall:.2f} s"
@@ -129,6 +157,12 @@ def main() -> None:
                     f"  steps {kind}: {len(times)}, {sum(times):.2f} s, "
                     f"median {sorted(times)[len(times) // 2] * 1e3:.1f} ms"
                 )
+                ops = sorted(split[kind].items(), key=lambda kv: -kv[1])
+                per_step = [(g, s / len(times) * 1e3) for g, s in ops]
+                per_step.append(
+                    ("host (no op)", max(0.0, sum(times) / len(times) * 1e3 - sum(ms for _, ms in per_step)))
+                )
+                print("    a step: " + ", ".join(f"{g} {ms:.1f} ms" for g, ms in per_step))
 
 
 if __name__ == "__main__":
