@@ -137,7 +137,7 @@ inline float softmax_row(F16* pr, int64_t begin, int64_t seen, int64_t key_group
     // below e^-87 a probability is exactly 0: invisible next to the row's largest term (1), and
     // it keeps subnormal products (slow on most CPUs) out of the value sums
     const F16 shifted = pr[kg] - row_max;
-    const F16 p = shifted > splat(-87.0f) ? vec_exp(shifted) : F16{};
+    const F16 p = shifted > splat(-87.0f) ? vec_exp<false>(shifted) : F16{};  // (shifted <= 0)
     pr[kg] = p;
     sum += p;
   }

@@ -107,10 +107,12 @@ template <typename T>
 inline T select_min(T a, T b) { return a < b ? a : b; }
 
 // exp(x) to ~1 ulp for x in [-87, 88] (Cephes expf). Inputs below -87 give exp(-87) ~ 1.6e-38:
-// callers that need an exact 0 (masked softmax lanes) select it themselves.
-template <typename T>
+// callers that need an exact 0 (masked softmax lanes) select it themselves. kClamp = false: the
+// caller knows x is in [-87, 88] or selects such lanes away (a softmax's shifted scores), and skips
+// the clamps (the same bits in range; anything, even NaN, outside).
+template <bool kClamp = true, typename T>
 inline T vec_exp(T x) {
-  x = select_min(select_max(x, T{} - 87.0f), T{} + 88.0f);
+  if constexpr (kClamp) x = select_min(select_max(x, T{} - 87.0f), T{} + 88.0f);
   const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to the nearest integer
   const T t = x * 1.44269504088896341f + magic;
   const T n = t - magic;
