@@ -26,9 +26,6 @@
 #include <cstdint>
 #include <vector>
 
-#if defined(BULKRUN_AMX_TILES) && defined(__AMX_INT8__) && defined(__AVX512BF16__)
-#define BULKRUN_HEAD_INT8 1
-
 namespace bulkrun_cpu {
 namespace {
 
@@ -79,6 +76,15 @@ inline SplitRow split_row(const float* h, int64_t k, int64_t kp, int8_t* hi, int
   for (int64_t i = k; i < kp; ++i) hi[i] = lo[i] = 0;
   return s;
 }
+
+}  // namespace
+}  // namespace bulkrun_cpu
+
+#if defined(BULKRUN_AMX_TILES) && defined(__AMX_INT8__) && defined(__AVX512BF16__)
+#define BULKRUN_HEAD_INT8 1
+
+namespace bulkrun_cpu {
+namespace {
 
 // approx[r][j] (bf16, rows ldc apart) = bf16(s_j (a_r I_hi + b_r I_lo)) for rows r < m and tokens j < v:
 // a: m rows of hi then m rows of lo... laid out as [rows16][2][16][kp] int8 (each 16-row block's hi
