@@ -35,8 +35,11 @@ def screened_argmax(
 
 
 def int8_screen_available() -> bool:
-    """Whether the int8 screen runs here (AMX int8 tiles, granted by the OS)."""
-    return bool(torch.ops.bulkrun_cpu.greedy_head_int8_available())
+    """Whether the int8 screen runs here (the native kernels loaded, AMX int8 tiles, granted by the OS)."""
+    try:
+        return bool(torch.ops.bulkrun_cpu.greedy_head_int8_available())
+    except (AttributeError, RuntimeError):  # the native kernels are not loaded
+        return False
 
 
 class Int8Head:
