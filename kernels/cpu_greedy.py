@@ -48,6 +48,9 @@ class Int8Head:
 
     def __init__(self, weight: torch.Tensor):
         self.packed, self.scales, self.err_norms = torch.ops.bulkrun_cpu.pack_head_int8(weight.contiguous())
+        self.max_scale = (
+            float(self.scales.max()) if self.scales.numel() else 0.0
+        )  # the bound's underflow term
 
 
 def screened_argmax_int8(
@@ -56,7 +59,7 @@ def screened_argmax_int8(
     """screened_argmax's tokens, the screen an int8 product of h [N, K] fp32 and the packed head."""
     h = h.contiguous()
     tokens = torch.ops.bulkrun_cpu.greedy_head_int8(
-        h, head.packed, head.scales, head.err_norms, weight, norms
+        h, head.packed, head.scales, head.err_norms, head.max_scale, weight, norms
     )
     return _full_where_unbounded(tokens, h, weight)
 

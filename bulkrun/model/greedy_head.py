@@ -34,7 +34,9 @@ class ScreenedGreedyHead:
     def __init__(self, weight: torch.Tensor, int8: bool | None = None):
         self.weight = weight.detach()  # fp32 [V, K], the model's own tensor (the embedding when tied)
         self.norms = row_norms(self.weight)
-        self.int8 = Int8Head(self.weight) if (int8_screen_available() if int8 is None else int8) else None
+        if int8 is None:
+            int8 = int8_screen_available()
+        self.int8 = Int8Head(self.weight) if int8 else None
         # torch's conversion rounds to nearest, as the error bound assumes
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.bfloat16(), _BATCH_HINT)
 

@@ -222,7 +222,7 @@ at::Tensor greedy_head(const at::Tensor& approx, const at::Tensor& h, const at::
 // absolute even where it flushes, the bf16 conversion too): 2^-122 (1 + max s_j). Norms in double,
 // rounded up.
 bool int8_row_bound(const float* h, int64_t k, SplitRow split, const int8_t* hi, const int8_t* lo,
-                    float max_scale, RowBound& out) {
+                    double max_scale, RowBound& out) {
   double hh = 0.0, hi_sq = 0.0, lo_sq = 0.0, approx_sq = 0.0, err_sq = 0.0;
   for (int64_t i = 0; i < k; ++i) {
     const double x = h[i], a = static_cast<double>(split.hi_scale) * hi[i], b = static_cast<double>(split.lo_scale) * lo[i];
@@ -270,10 +270,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_head_int8(const at::Tensor& 
 }
 
 // The exact greedy tokens from the int8 screen: h fp32 [N, K]; packed, scales, err_norms from
-// pack_head_int8; weight fp32 [V, K]; row_norms [V] (>= the true norms). -1 where the caller must
-// compute the row in full (as greedy_head).
+// pack_head_int8 and max_scale the largest of the scales; weight fp32 [V, K]; row_norms [V] (>= the
+// true norms). -1 where the caller must compute the row in full (as greedy_head).
 at::Tensor greedy_head_int8(const at::Tensor& h, const at::Tensor& packed, const at::Tensor& scales,
-                            const at::Tensor& err_norms, const at::Tensor& weight, const at::Tensor& row_norms) {
+                            const at::Tensor& err_norms, double max_scale, const at::Tensor& weight,
+                            const at::Tensor& row_norms) {
   TORCH_CHECK(h.scalar_type() == at::kFloat && h.dim() == 2 && h.is_contiguous(), "h must be contiguous float32 [N, K]");
   TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.dim() == 2 && weight.stride(1) == 1,
               "weight must be float32 [V, K] with contiguous rows");
@@ -304,7 +305,6 @@ at::Tensor greedy_head_int8(const at::Tensor& h, const at::Tensor& packed, const
     }
   });
   const float* sp = scales.data_ptr<float>();
-  const float max_scale = *std::max_element(sp, sp + v);
   at::Tensor approx = at::empty({n, v}, h.options().dtype(at::kBFloat16));
   auto* ap = reinterpret_cast<uint16_t*>(approx.data_ptr<at::BFloat16>());
   int8_screen(rows.data(), split.data(), n, kp, packed.data_ptr<int8_t>(), sp, v, ap, v);
@@ -341,8 +341,8 @@ bool greedy_head_int8_available() {
 TORCH_LIBRARY_FRAGMENT(bulkrun_cpu, m) {
   m.def("greedy_head(Tensor approx, Tensor h, Tensor weight, Tensor row_norms) -> Tensor");
   m.def("pack_head_int8(Tensor weight) -> (Tensor, Tensor, Tensor)");
-  m.def("greedy_head_int8(Tensor h, Tensor packed, Tensor scales, Tensor err_norms, Tensor weight, "
-        "Tensor row_norms) -> Tensor");
+  m.def("greedy_head_int8(Tensor h, Tensor packed, Tensor scales, Tensor err_norms, float max_scale, "
+        "Tensor weight, Tensor row_norms) -> Tensor");
   m.def("greedy_head_int8_available() -> bool", &bulkrun_cpu::greedy_head_int8_available);
 }
 

@@ -32,47 +32,42 @@ namespace {
 constexpr int64_t kInt8Step = 64;  // K per int8 tile instruction
 constexpr int64_t kInt8Cols = 16;
 
-inline int8_t quantize(double x, double inv_scale) {
-  return static_cast<int8_t>(std::clamp(std::nearbyint(x * inv_scale), -127.0, 127.0));
+// x (k values) -> q[0 .. k) = round(x / s) in [-127, 127], s = max |x| / 127 (returned; 0 and all
+// q 0 where x is all zeros). Any q is sound: the bound measures the error it leaves exactly.
+template <typename T>
+inline float quantize_row(const T* x, int64_t k, int8_t* q) {
+  double top = 0.0;
+  for (int64_t i = 0; i < k; ++i) top = std::max(top, std::fabs(static_cast<double>(x[i])));
+  const float scale = static_cast<float>(top / 127.0);
+  const double inv = scale > 0.f ? 1.0 / scale : 0.0;
+  for (int64_t i = 0; i < k; ++i) q[i] = static_cast<int8_t>(std::clamp(std::nearbyint(x[i] * inv), -127.0, 127.0));
+  return scale;
 }
 
 // One weight row: its quantized values into q[0 .. k) (the caller packs them), its scale; returns
 // ||w - s q|| in double.
 inline double quantize_weight_row(const float* w, int64_t k, int8_t* q, float& scale) {
-  float top = 0.f;
-  for (int64_t i = 0; i < k; ++i) top = std::max(top, std::fabs(w[i]));
-  scale = top / 127.f;
-  const double inv = scale > 0.f ? 1.0 / scale : 0.0;
+  scale = quantize_row(w, k, q);
   double err = 0.0;
   for (int64_t i = 0; i < k; ++i) {
-    q[i] = scale > 0.f ? quantize(w[i], inv) : 0;
     const double e = static_cast<double>(w[i]) - static_cast<double>(scale) * q[i];
     err += e * e;
   }
   return std::sqrt(err);
 }
 
-// The hidden row h (k floats) as hi and lo int8 rows (zero past k up to kp) and their scales.
+// The hidden row h (k floats) as hi and lo int8 rows (zero past k up to kp) and their scales: hi
+// quantizes h, lo what hi leaves (h - a q_hi, in double).
 struct SplitRow {
   float hi_scale = 0.f, lo_scale = 0.f;
 };
 inline SplitRow split_row(const float* h, int64_t k, int64_t kp, int8_t* hi, int8_t* lo) {
   SplitRow s;
-  float top = 0.f;
-  for (int64_t i = 0; i < k; ++i) top = std::max(top, std::fabs(h[i]));
-  s.hi_scale = top / 127.f;
-  const double inv_hi = s.hi_scale > 0.f ? 1.0 / s.hi_scale : 0.0;
-  double rest_top = 0.0;
-  for (int64_t i = 0; i < k; ++i) {
-    hi[i] = s.hi_scale > 0.f ? quantize(h[i], inv_hi) : 0;
-    rest_top = std::max(rest_top, std::fabs(static_cast<double>(h[i]) - static_cast<double>(s.hi_scale) * hi[i]));
-  }
-  s.lo_scale = static_cast<float>(rest_top / 127.0);
-  const double inv_lo = s.lo_scale > 0.f ? 1.0 / s.lo_scale : 0.0;
-  for (int64_t i = 0; i < k; ++i) {
-    const double rest = static_cast<double>(h[i]) - static_cast<double>(s.hi_scale) * hi[i];
-    lo[i] = s.lo_scale > 0.f ? quantize(rest, inv_lo) : 0;
-  }
+  s.hi_scale = quantize_row(h, k, hi);
+  thread_local std::vector<double> rest;
+  rest.resize(k);
+  for (int64_t i = 0; i < k; ++i) rest[i] = static_cast<double>(h[i]) - static_cast<double>(s.hi_scale) * hi[i];
+  s.lo_scale = quantize_row(rest.data(), k, lo);
   for (int64_t i = k; i < kp; ++i) hi[i] = lo[i] = 0;
   return s;
 }
@@ -86,9 +81,9 @@ inline SplitRow split_row(const float* h, int64_t k, int64_t kp, int8_t* hi, int
 namespace bulkrun_cpu {
 namespace {
 
-// approx[r][j] (bf16, rows ldc apart) = bf16(s_j (a_r I_hi + b_r I_lo)) for rows r < m and tokens j < v:
-// a: m rows of hi then m rows of lo... laid out as [rows16][2][16][kp] int8 (each 16-row block's hi
-// rows, then its lo rows), split the rows' scales, packed / scales the weights.
+// approx[r][j] (bf16, rows ldc apart) = bf16(s_j (a_r I_hi + b_r I_lo)) for rows r < m and tokens j < v.
+// a: the rows as [ceil(m / 16)][hi, lo][16][kp] int8 (each 16-row block's hi rows, then its lo rows);
+// split: their scales; packed, scales: the weights'.
 void int8_screen(const int8_t* a, const SplitRow* split, int64_t m, int64_t kp, const int8_t* packed,
                  const float* scales, int64_t v, uint16_t* approx, int64_t ldc) {
   const int64_t nb = (v + kInt8Cols - 1) / kInt8Cols, ks = kp / kInt8Step, pairs = (nb + 1) / 2;

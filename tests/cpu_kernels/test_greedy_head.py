@@ -171,7 +171,7 @@ def test_rows_with_inf_or_nan_are_computed_in_full():
     if INT8:
         head = Int8Head(w)
         raw = torch.ops.bulkrun_cpu.greedy_head_int8(
-            h, head.packed, head.scales, head.err_norms, w, row_norms(w)
+            h, head.packed, head.scales, head.err_norms, head.max_scale, w, row_norms(w)
         )
         assert raw[1] == -1 and raw[2] == -1 and (raw[[0, 3]] >= 0).all()
         assert torch.equal(greedy(h, w, "int8"), fp32_argmax(h, w))
@@ -193,7 +193,7 @@ def test_rows_of_near_equal_logits_everywhere_are_computed_in_full():
     if INT8:
         head = Int8Head(w)
         raw = torch.ops.bulkrun_cpu.greedy_head_int8(
-            h, head.packed, head.scales, head.err_norms, w, row_norms(w)
+            h, head.packed, head.scales, head.err_norms, head.max_scale, w, row_norms(w)
         )
         assert raw.tolist() == [-1, -1, -1]
         assert greedy(h, w, "int8").tolist() == [0, 0, 0]
