@@ -34,6 +34,7 @@ namespace {
 constexpr int kDpScoreRows = 6;    // rows per score block: 6 x 4 accumulators + 6 broadcasts
 constexpr int kDpScoreGroups = 4;  // key groups transposed together (a decode row scores several at once)
 constexpr int64_t kEarlyValueBytes = 512 << 10;  // an item's keys and values below this stay in L2 together
+constexpr int64_t kNextItemKeys = 512;  // the next item's first keys fetched during a decode item's value pass
 
 // 16 keys (rows[j] for j < n; zeros after) of one kv head -> kt[p][j] = the key j's dim pair p
 inline void transpose_key_group(const bf16* const* rows, int64_t n, int64_t pairs, int32_t* kt) {
@@ -114,9 +115,11 @@ inline void weigh_block(const float* const* prob, const float* values, int64_t k
 constexpr int64_t kL2Ahead = 24;
 template <int R, int NV>
 inline void weigh_block_cache(const float* const* prob, const bf16* v_cache, const int64_t* offsets, int64_t head,
-                              int64_t k0, int64_t k1, __m512 (*acc)[NV], int64_t row_elems) {
+                              int64_t k0, int64_t k1, __m512 (*acc)[NV], int64_t row_elems,
+                              NextItemKeys<bf16>* next_keys, int64_t next_lines_per_key) {
   if (row_elems) prefetch_key_rows(v_cache, offsets, k0, std::min(kL2Ahead, k1 - k0), row_elems);
   for (int64_t j = k0; j < k1; ++j) {
+    if (next_keys) next_keys->advance(next_lines_per_key);
     if (row_elems && j + kL2Ahead < k1) prefetch_key_rows(v_cache, offsets, j + kL2Ahead, 1, row_elems);
     if (j + kL1Ahead < k1)
       for (int c = 0; c < NV; c += kVectorsPerLine<bf16>) prefetch_l1(v_cache + offsets[j + kL1Ahead] + head + 16 * c);
@@ -133,7 +136,7 @@ inline void weigh_block_cache(const float* const* prob, const bf16* v_cache, con
 template <int NV>
 void run_item_dpbf16(const WorkItem& w, const Geometry& g, const bf16* q, const bf16* k_cache,
                      const bf16* v_cache, const int32_t* table, int64_t token0, int64_t new_tokens, int64_t context,
-                     bf16* out) {
+                     bf16* out, NextItemKeys<bf16>* next_keys) {
   constexpr int64_t D = NV * 16, kPairs = D / 2;
   // value sums per weigh block: R x NV accumulators + R broadcasts + one value vector in registers
   constexpr int kWeighRows = std::max(1, std::min(6, 24 / NV));
@@ -172,6 +175,10 @@ void run_item_dpbf16(const WorkItem& w, const Geometry& g, const bf16* q, const 
   const bool one_block = rows <= kWeighRows;
   const bool values_early = one_block && 2 * (num_keys - first_key) * key_stride * 2 <= kEarlyValueBytes;
   prefetch(k_cache, first_key);  // the first block, while the queries are gathered
+  // a decode item's value pass fetches the next item's keys, spread over its heads' walks of the keys
+  if (!one_block) next_keys = nullptr;
+  const int64_t next_lines_per_key =
+      next_keys ? (next_keys->lines() + heads * (num_keys - first_key) - 1) / (heads * (num_keys - first_key)) : 0;
   for (int64_t kvh = 0; kvh < heads; ++kvh)
     for (int64_t r = 0; r < rows; ++r)
       q_rows[kvh * rows + r] = reinterpret_cast<const int32_t*>(
@@ -250,7 +257,7 @@ void run_item_dpbf16(const WorkItem& w, const Geometry& g, const bf16* q, const 
           for (int c = 0; c < NV; ++c) acc[i][c] = _mm512_setzero_ps();
         if (one_block)
           weigh_block_cache<R, NV>(prob, v_cache, offsets, kvh * D, first_key, k1, acc,
-                                   kvh == 0 && !values_early ? key_stride : 0);
+                                   kvh == 0 && !values_early ? key_stride : 0, next_keys, next_lines_per_key);
         else
           weigh_block<R, NV>(prob, head_values, key_stride, first_key, k1, acc);
         for (int i = 0; i < R; ++i) {

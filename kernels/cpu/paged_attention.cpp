@@ -114,6 +114,37 @@ inline const int64_t* key_row_offsets(const int32_t* table, int64_t block_size, 
   return out;
 }
 
+// The cache rows (every kv head) of the item a thread runs next, walked a cache line at a time into
+// L2. A decode item computes its value pass from L2 with DRAM idle; issuing a few of these per key
+// there streams the next item's keys in meanwhile, so its score pass waits on none of them.
+template <typename T>
+struct NextItemKeys {
+  const T* cache = nullptr;
+  const int32_t* table = nullptr;
+  int64_t block_size = 0, key_stride = 0;
+  int64_t key = 0, last = 0;          // the run after this one starts at key `key`; keys end at `last`
+  const T* line = nullptr;            // the next line to fetch, in a run of contiguous rows up to `end`
+  const T* end = nullptr;
+
+  NextItemKeys(const T* cache_, const int32_t* table_, int64_t block_size_, int64_t key_stride_, int64_t first,
+               int64_t last_)
+      : cache(cache_), table(table_), block_size(block_size_), key_stride(key_stride_), key(first), last(last_) {}
+  int64_t lines() const { return (last - key) * key_stride * static_cast<int64_t>(sizeof(T)) / 64 + 1; }
+  void advance(int64_t n) {
+    for (; n > 0; --n) {
+      if (line >= end) {  // the next block's rows: contiguous up to its end or the last key
+        if (key >= last) return;
+        const int64_t in_block = key % block_size, count = std::min(block_size - in_block, last - key);
+        line = cache + (static_cast<int64_t>(table[key / block_size]) * block_size + in_block) * key_stride;
+        end = line + count * key_stride;
+        key += count;
+      }
+      prefetch_l2(line);
+      line += 64 / sizeof(T);
+    }
+  }
+};
+
 // f(integral_constant<R>) for the runtime row count n in 1 .. Max, so per-row arrays can stay in registers.
 template <int64_t Max, typename F>
 void with_row_count(int64_t n, F&& f) {
@@ -404,7 +435,9 @@ void run_all(const std::vector<WorkItem>& items, const Geometry& g, const T* q, 
 #ifdef BULKRUN_AMX
     if (path == Bf16Path::kAmx) configure_tiles();  // once per thread: a decode step has hundreds of items
 #endif
-    for (int64_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) {
+    // one item claimed ahead: its keys can stream in while this one computes
+    for (int64_t i = next.fetch_add(1), ahead = i < count ? next.fetch_add(1) : count; i < count;
+         i = ahead, ahead = i < count ? next.fetch_add(1) : count) {
       const WorkItem& w = items[i];
       const int32_t* table = tables + w.seq * g.max_blocks;
       const int64_t token0 = starts[w.seq], new_tokens = starts[w.seq + 1] - starts[w.seq];
@@ -419,7 +452,17 @@ void run_all(const std::vector<WorkItem>& items, const Geometry& g, const T* q, 
 #endif
 #ifdef BULKRUN_DPBF16_ATTENTION
         if (path == Bf16Path::kDotProducts) {
-          run_item_dpbf16<NV>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out);
+          if (ahead < count) {  // its keys from its first up to kNextItemKeys of them
+            const WorkItem& after = items[ahead];
+            const int64_t first_pos = lens[after.seq] - (starts[after.seq + 1] - starts[after.seq]) + after.q_begin;
+            const int64_t first = g.first_key(first_pos) / kKeys * kKeys;
+            const int64_t last = std::min<int64_t>(first_pos + (after.q_end - after.q_begin), first + kNextItemKeys);
+            NextItemKeys<bf16> next_keys(k, tables + after.seq * g.max_blocks, g.block_size, g.num_kv_heads * NV * 16,
+                                         first, last);
+            run_item_dpbf16<NV>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out, &next_keys);
+          } else {
+            run_item_dpbf16<NV>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out, nullptr);
+          }
           continue;
         }
 #endif
