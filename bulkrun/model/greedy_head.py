@@ -1,8 +1,8 @@
 """The greedy LM head on the CPU: a bf16 or int8 product screens the vocabulary, fp32 rows decide the token.
 
 A greedy row that asks for no log-probability needs only the argmax. On CPUs with native bf16 dot
-products (avx512_bf16, amx_bf16) oneDNN's bf16 product of the LM head takes about half the time of
-the fp32 one (bench/lm_head_bench.py); where AMX runs int8 tiles, an int8 product reads half the
+products (avx512_bf16, amx_bf16) a bf16 product of the LM head (oneDNN's; without AMX, our
+AVX512-BF16 GEMM's) takes about half the time of the fp32 one (bench/lm_head_bench.py); where AMX runs int8 tiles, an int8 product reads half the
 bf16 bytes again at twice the tile rate (kernels/cpu/head_int8.h). A native pass then bounds the
 screen's error and verifies the few tokens that could still win against the fp32 weight
 (bulkrun_kernels.cpu_greedy), so the token is exactly the fp32 head's argmax. Where bf16 is emulated
@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from bulkrun_kernels.cpu_dtype import native_bf16
+from bulkrun_kernels.cpu_gemm import amx_packable, bf16_gemm, fixed_order_bf16_kernel, pack_amx
 from bulkrun_kernels.cpu_greedy import (
     Int8Head,
     int8_screen_available,
@@ -37,8 +38,14 @@ class ScreenedGreedyHead:
         if int8 is None:
             int8 = int8_screen_available()
         self.int8 = Int8Head(self.weight) if int8 else None
-        # torch's conversion rounds to nearest, as the error bound assumes
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.bfloat16(), _BATCH_HINT)
+        # torch's conversion rounds to nearest, as the error bound assumes. Without AMX the bf16
+        # screen runs on our AVX512-BF16 GEMM: at decode row counts it beats oneDNN's (48 rows, Zen 5:
+        # 2.9-3.1 against 3.6-3.8 ms, bench/lm_head_bench.py), and the bound holds for any fp32 sum order.
+        self.dpbf16 = fixed_order_bf16_kernel() == "dpbf16" and amx_packable(self.weight)
+        if self.dpbf16:
+            self.packed = pack_amx(self.weight.bfloat16())
+        else:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.bfloat16(), _BATCH_HINT)
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         """h [N, K] final hidden rows (fp32, or a bf16 model's bf16) -> int64 [N] argmax tokens of
@@ -46,8 +53,13 @@ class ScreenedGreedyHead:
         h = h.float()
         if self.int8 is not None and h.shape[0] <= _INT8_MAX_ROWS:
             return screened_argmax_int8(h, self.int8, self.weight, self.norms)
-        approx = torch.ops.mkldnn._linear_pointwise(h.bfloat16(), self.packed, None, "none", [], "")
-        return screened_argmax(approx, h, self.weight, self.norms)
+        return screened_argmax(self.screen(h), h, self.weight, self.norms)
+
+    def screen(self, h: torch.Tensor) -> torch.Tensor:
+        """The bf16 screen of fp32 rows h: bf16(h) @ bf16(weight).T, summed in fp32, rounded to bf16."""
+        if self.dpbf16:
+            return bf16_gemm(h.bfloat16(), self.packed, None, self.weight.shape[0], kernel="dpbf16")
+        return torch.ops.mkldnn._linear_pointwise(h.bfloat16(), self.packed, None, "none", [], "")
 
 
 def build_greedy_head(model, device: torch.device, dtype: torch.dtype, backend: str):

@@ -20,13 +20,14 @@ from bulkrun_kernels.cpu_greedy import (
 
 ONEDNN_BF16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
 INT8 = int8_screen_available()
-PATHS = (["onednn", "torch"] if ONEDNN_BF16 else ["torch"]) + (["int8"] if INT8 else [])
+PATHS = (["bf16", "torch"] if ONEDNN_BF16 else ["torch"]) + (["int8"] if INT8 else [])
 ULP_UNITS = 2**24 - 64  # the best logit in units of 2^-10: the top fp32 binade, where 1 unit is 1 ulp
 
 
 def greedy(h: torch.Tensor, w: torch.Tensor, path: str = PATHS[0]) -> torch.Tensor:
-    """The production path (oneDNN's packed bf16 product), or the kernel on torch's bf16 product."""
-    if path == "onednn":
+    """The production path (its bf16 product: oneDNN's, or dpbf16_gemm's without AMX), or the kernel
+    on torch's bf16 product, or the int8 screen."""
+    if path == "bf16":
         return ScreenedGreedyHead(w, int8=False)(h)
     if path == "int8":
         return screened_argmax_int8(h, Int8Head(w), w, row_norms(w))
@@ -200,14 +201,15 @@ def test_rows_of_near_equal_logits_everywhere_are_computed_in_full():
 
 
 @pytest.mark.skipif(not ONEDNN_BF16, reason="oneDNN has no bf16 here")
-def test_onednn_bf16_product_stays_inside_the_bound():
+def test_the_heads_bf16_product_stays_inside_the_bound():
     """The bound's premises (round-to-nearest inputs, fp32 accumulation, one output rounding) hold
-    for the product the head really uses: every entry within c2 |approx| + c1 ||h|| ||w_j||."""
+    for the product the head really uses (oneDNN's, or dpbf16_gemm's without AMX): every entry within
+    c2 |approx| + c1 ||h|| ||w_j||."""
     g = torch.Generator().manual_seed(7)
     h = torch.randn(48, 576, generator=g) * torch.logspace(-3, 3, 48)[:, None]
     w = torch.randn(4099, 576, generator=g) * 0.05
     head = ScreenedGreedyHead(w, int8=False)
-    approx = torch.ops.mkldnn._linear_pointwise(h.bfloat16(), head.packed, None, "none", [], "").double()
+    approx = head.screen(h).double()
     exact = h.double() @ w.double().T
     u, k = 2.0**-8, h.shape[1]
     c1 = 2 * u + u * u + 2 * k * 2.0**-24
