@@ -93,3 +93,22 @@ def test_silu_and_mul(rows):
 def test_gelu_tanh_and_mul(rows):
     x = (randn(rows, 2 * 200) * 6).to(BF16)
     _close_to_fp32(cpu_ops.gelu_tanh_and_mul(x), reference.gelu_tanh_and_mul(x.float()))
+
+
+@pytest.mark.parametrize("rows", [1, 17])
+def test_subnormal_outputs_are_kept_not_flushed(rows):
+    """bf16 outputs go through the AVX512-BF16 conversion where the CPU has it, which flushes
+    subnormals: a row with any is stored again with the scalar rounding, so they survive."""
+    g = randn(rows, 200)
+    up = randn(rows, 200)
+    up[:, ::7] = 3e-39  # silu(g) * up: bf16 subnormals in these columns, normal numbers elsewhere
+    x = torch.cat((g, up), dim=1).to(BF16)
+    got = cpu_ops.silu_and_mul(x)
+    want = (torch.nn.functional.silu(x[:, :200].float()) * x[:, 200:].float()).to(BF16)
+    tiny = want[:, ::7]
+    assert (tiny != 0).any() and (tiny.float().abs() < 2.0**-126).all()
+    assert torch.equal(got[:, ::7], tiny)
+    _close_to_fp32(got, want.float())
+    w = torch.full((96,), 1e-39)  # the norm's outputs: weight x normalised row, subnormal too
+    out, _ = cpu_ops.rms_norm(randn(rows, 96).to(BF16), w.to(BF16), 1e-6)
+    assert (out != 0).sum() > out.numel() // 2 and (out.float().abs() < 2.0**-126).all()
