@@ -49,7 +49,13 @@ inline void transpose_key_group(const bf16* const* rows, int64_t n, int64_t pair
         block[j] = j < n ? __builtin_bit_cast(F16, _mm512_maskz_loadu_epi32(m, rows[j] + 2 * p0)) : F16{};
     }
     transpose16(block);
-    for (int64_t p = 0; p < width; ++p) store16(reinterpret_cast<float*>(kt + (p0 + p) * 16), block[p]);
+    float* dst = reinterpret_cast<float*>(kt + p0 * 16);
+    if (width == 16) {  // stored from registers (a loop of runtime length became a memcpy of a stack copy)
+#pragma GCC unroll 16
+      for (int p = 0; p < 16; ++p) _mm512_storeu_ps(dst + p * 16, __builtin_bit_cast(__m512, block[p]));
+    } else {
+      for (int64_t p = 0; p < width; ++p) store16(dst + p * 16, block[p]);
+    }
   }
 }
 
