@@ -88,7 +88,7 @@ struct NearestRowStore {
   uint32_t flushed = 0;
   void operator()(float* p, F16 v) { store16(p, v); }
   void operator()(bf16* p, F16 v) {
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) && defined(__AVX512DQ__)
     flushed |= _mm512_fpclass_ps_mask(__builtin_bit_cast(__m512, v), 0x20);  // 0x20: subnormal
     store16(p, v);
 #else
