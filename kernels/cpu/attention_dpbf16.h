@@ -31,7 +31,7 @@
 namespace bulkrun_cpu {
 namespace {
 
-constexpr int kDpScoreRows = 6;    // rows per score block: 6 x 4 accumulators + 6 broadcasts
+constexpr int kDpScoreRows = 3;    // rows per score block, against 2 key groups: 24 accumulators, 5 loads a pair
 constexpr int kDpScoreGroups = 4;  // key groups transposed together (a decode row scores several at once)
 constexpr int64_t kEarlyValueBytes = 512 << 10;  // an item's keys and values below this stay in L2 together
 constexpr int64_t kNextItemKeys = 512;  // the next item's first keys fetched during a decode item's value pass
@@ -213,14 +213,16 @@ void run_item_dpbf16(const WorkItem& w, const Geometry& g, const bf16* q, const 
         const int64_t n_rows = std::min<int64_t>(kDpScoreRows, rows - r0);
         const int32_t* const* qr = q_rows.data() + kvh * rows + r0;
         F16* dst = scores.data() + (kvh * rows + r0) * key_groups + kg0;
+        // groups past the block's last row are past every row of it: masked whatever they hold
+        const int64_t nb_seen = std::min<int64_t>(nb, groups_seen(r0 + n_rows - 1) - kg0);
         with_row_count<kDpScoreRows>(n_rows, [&](auto rows_in_block) {
           constexpr int R = decltype(rows_in_block)::value;
           // R x KB x kChains accumulators: at most 24 in registers
           constexpr int KB = R >= 4 ? 1 : R >= 2 ? 2 : 4;
           int64_t b = 0;
-          for (; b + KB <= nb; b += KB)
+          for (; b + KB <= nb_seen; b += KB)
             score_block<R, KB>(qr, keys_t.data() + b * kPairs * 16, kPairs, g.scale, dst + b, key_groups);
-          for (; b < nb; ++b)
+          for (; b < nb_seen; ++b)
             score_block<R, 1>(qr, keys_t.data() + b * kPairs * 16, kPairs, g.scale, dst + b, key_groups);
         });
       }
