@@ -27,6 +27,8 @@ H, KVH, D, BLOCK = 9, 3, 64, 16
 SHAPES = {  # name: (context of each sequence, new tokens of each sequence)
     "prefill 8 x 256": ([256] * 8, [256] * 8),
     "prefill 4 x 512": ([512] * 4, [512] * 4),
+    # a prompt step's chunks: 920 new tokens at the ends of six sequences of 70-311 tokens
+    "chunks 920 tokens": ([247, 265, 70, 182, 311, 298], [170, 170, 70, 170, 170, 170]),
     "decode 48 @ 260": ([260] * 48, [1] * 48),
     "decode 256 @ 100": ([100] * 256, [1] * 256),
     "decode 8 @ 2000": ([2000] * 8, [1] * 8),
