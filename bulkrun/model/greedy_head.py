@@ -2,8 +2,9 @@
 
 A greedy row that asks for no log-probability needs only the argmax. On CPUs with native bf16 dot
 products (avx512_bf16, amx_bf16) a bf16 product of the LM head (oneDNN's; without AMX, our
-AVX512-BF16 GEMM's) takes about half the time of the fp32 one (bench/lm_head_bench.py); where AMX runs int8 tiles, an int8 product reads half the
-bf16 bytes again at twice the tile rate (kernels/cpu/head_int8.h). A native pass then bounds the
+AVX512-BF16 GEMM's) takes about half the time of the fp32 one (bench/lm_head_bench.py); where AMX
+runs int8 tiles, an int8 product reads half the bf16 bytes again at twice the tile rate
+(kernels/cpu/head_int8.h). A native pass then bounds the
 screen's error and verifies the few tokens that could still win against the fp32 weight
 (bulkrun_kernels.cpu_greedy), so the token is exactly the fp32 head's argmax. Where bf16 is emulated
 it would be slower: not built.

@@ -86,12 +86,9 @@ void rms_norm_typed(const at::Tensor& x, const at::Tensor& residual, const at::T
       }
       const float inv = 1.f / std::sqrt(total / static_cast<float>(h) + eps);
       X* oi = op + i * os;
-      auto row = [&](auto&& store) {
+      store_row_nearest([&](auto&& store) {
         for (int64_t j = 0; j < h16; j += 16) store(oi + j, load16(wp + j) * (load16(v + j) * inv));
-      };
-      NearestRowStore fast;
-      row(fast);
-      if (fast.flushed) row([](X* p, F16 v) { store16_nearest(p, v); });
+      });
       for (int64_t j = h16; j < h; ++j) oi[j] = from_float<X>(to_float(wp[j]) * (v[j] * inv));
     }
   });
@@ -138,12 +135,9 @@ void gated_activation(const at::Tensor& x, at::Tensor& out, Act act) {
         const T* gate = xp + i * xs;
         const T* up = gate + inter;
         T* oi = op + i * os;
-        auto row = [&](auto&& store) {
+        store_row_nearest([&](auto&& store) {
           for (int64_t j = 0; j < inter16; j += 16) store(oi + j, act(load16(gate + j)) * load16(up + j));
-        };
-        NearestRowStore fast;
-        row(fast);
-        if (fast.flushed) row([](T* p, F16 v) { store16_nearest(p, v); });
+        });
         for (int64_t j = inter16; j < inter; ++j) oi[j] = from_float<T>(act(to_float(gate[j])) * to_float(up[j]));
       }
     });

@@ -452,13 +452,9 @@ void run_all(const std::vector<WorkItem>& items, const Geometry& g, const T* q, 
 #endif
 #ifdef BULKRUN_DPBF16_ATTENTION
         if (path == Bf16Path::kDotProducts) {
-          if (ahead < count) {  // its keys from its first up to kNextItemKeys of them
-            const WorkItem& after = items[ahead];
-            const int64_t first_pos = lens[after.seq] - (starts[after.seq + 1] - starts[after.seq]) + after.q_begin;
-            const int64_t first = g.first_key(first_pos) / kKeys * kKeys;
-            const int64_t last = std::min<int64_t>(first_pos + (after.q_end - after.q_begin), first + kNextItemKeys);
-            NextItemKeys<bf16> next_keys(k, tables + after.seq * g.max_blocks, g.block_size, g.num_kv_heads * NV * 16,
-                                         first, last);
+          if (ahead < count) {
+            const int64_t key_stride = g.num_kv_heads * NV * 16;
+            NextItemKeys<bf16> next_keys = first_keys_of(items[ahead], g, k, tables, starts, lens, key_stride);
             run_item_dpbf16<NV>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out, &next_keys);
           } else {
             run_item_dpbf16<NV>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out, nullptr);

@@ -82,7 +82,7 @@ inline void store16_nearest(float* p, F16 v) { store16(p, v); }
 // store16_nearest's bits through the AVX512-BF16 conversion, one instruction for its nine: it rounds
 // to nearest even and quiets a NaN as from_float does (3e8 random, NaN, inf and tie lanes compared),
 // but flushes subnormals to zero. `flushed` gathers the lanes that were subnormal: a row that had
-// any is stored again with store16_nearest. For the elementwise ops bound by their vector
+// any is stored again with store16_nearest (store_row_nearest). For the elementwise ops bound by their vector
 // arithmetic (the gated activation: 150 -> 110 us a 256 x 1536 block, one Zen 5 core).
 struct NearestRowStore {
   uint32_t flushed = 0;
@@ -96,6 +96,15 @@ struct NearestRowStore {
 #endif
   }
 };
+
+// row(store) writes a row's vectors through `store`: through NearestRowStore, and once more with
+// store16_nearest where that flushed a subnormal lane, so the row holds store16_nearest's bits.
+template <typename Row>
+inline void store_row_nearest(Row&& row) {
+  NearestRowStore fast;
+  row(fast);
+  if (fast.flushed) row([](auto* p, F16 v) { store16_nearest(p, v); });
+}
 // v as a T would hold it (bf16: rounded, then widened again)
 inline F16 round_to(F16 v, float) { return v; }
 inline F16 round_to(F16 v, bf16) { return round_bf16(v); }
