@@ -34,7 +34,7 @@ from workload import (  # noqa: E402
     chat_prompts,
     chat_texts,
     matmul_gflops,
-    model_flops_per_token,
+    model_flops,
     shared_prefix_prompts,
 )
 
@@ -217,10 +217,7 @@ def main() -> None:
     mean_context = (prompt_tokens / len(prompts) + args.max_new / 2) / 2
     name32 = "bulkrun engine, float32"
     secs32, gen32 = next((secs, gen) for name, secs, gen in rows if name == name32)
-    flops = prompt_tokens * (
-        model_flops_per_token(config, mean_context) - 2 * config.hidden_size * config.vocab_size
-    )
-    flops += gen32 * model_flops_per_token(config, mean_context)
+    flops = model_flops(config, prompt_tokens, gen32, mean_context)
     achieved = flops / secs32 / 1e9
     print(
         f"matmul rate of this machine (fp32 1024^3, best of 15): {gflops:.1f} GFLOP/s; "

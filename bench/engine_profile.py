@@ -83,6 +83,7 @@ def profile(engine, prompts: list[list[int]], warm_prompts: list[list[int]] | No
         wall,
         dict(groups),
         sum(len(o.output_token_ids) for o in outputs),
+        sum(o.num_cached_tokens for o in outputs),
         steps,
         by_step_kind(prof.events()),
     )
@@ -136,18 +137,19 @@ def main() -> None:
             continue
         prompts = chat_prompts(tokenizer, n, lo, hi)
         warm = None if args.cold else chat_prompts(tokenizer, n, lo, hi, seed=1)
-        wall, groups, generated, steps, split = profile(engine, prompts, warm)
+        wall, groups, generated, cached, steps, split = profile(engine, prompts, warm)
         prompt_tokens = sum(map(len, prompts))
         print(
-            f"\n{name}: {n} prompts, {prompt_tokens} prompt tokens, {generated} generated, wall {wall:.2f} s"
+            f"\n{name}: {n} prompts, {prompt_tokens} prompt tokens ({cached} from the prefix cache), "
+            f"{generated} generated, wall {wall:.2f} s"
         )
         accounted = sum(groups.values())
         rows = sorted(groups.items(), key=lambda kv: -kv[1]) + [("host (no op)", max(0.0, wall - accounted))]
         for group, seconds in rows:
             extra = ""
             if group == "linears":
-                # every token through the layers, the generated ones through the LM head
-                flops = 2.0 * ((prompt_tokens + generated) * body_params + generated * head_params)
+                # every computed token through the layers, the generated ones through the LM head
+                flops = 2.0 * ((prompt_tokens - cached + generated) * body_params + generated * head_params)
                 rate = flops / seconds / 1e9
                 extra = f"  {rate:6.0f} GFLOP/s = {rate / gemm:5.1%} of the {dtype} GEMM rate"
             print(f"  {group:16s} {seconds:7.2f} s  {seconds / wall:6.1%}{extra}")

