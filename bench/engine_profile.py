@@ -42,6 +42,7 @@ GROUPS = {
     "bulkrun_cpu::write_kv": "kv write",
     "bulkrun_cpu::greedy_head": "greedy head",
     "bulkrun_cpu::greedy_head_int8": "greedy head",
+    "bulkrun_cpu::greedy_head_vnni": "greedy head",
 }
 
 

@@ -1,5 +1,5 @@
 """The LM head of a greedy decode step on the CPU: the full fp32 head against the screened greedy heads
-(bf16 screen; int8 screen where AMX runs int8 tiles), warm and with the head cold in the caches.
+(bf16 screen; int8 screen on AMX int8 tiles or AVX512-VNNI), warm and with the head cold in the caches.
 
 The rows are the final hidden rows of a real decode step of the engine bench's workload (default
 model, 48 chat prompts, greedy), so the screen sees real logit distributions. Prints medians in ms
@@ -27,7 +27,7 @@ from bulkrun.engine.load import load_engine
 from bulkrun.engine.core.params import EngineRequest, SamplingParams  # noqa: E402
 from bulkrun.model.greedy_head import ScreenedGreedyHead  # noqa: E402
 from bulkrun.model_source import resolve_model  # noqa: E402
-from bulkrun_kernels.cpu_greedy import int8_screen_available  # noqa: E402
+from bulkrun_kernels.cpu_greedy import int8_screen_available, vnni_screen_available  # noqa: E402
 
 
 def decode_rows(engine: Engine, prompts: list[list[int]]) -> torch.Tensor:
@@ -88,10 +88,10 @@ def main() -> None:
         "screen + exact check": lambda: torch.ops.bulkrun_cpu.greedy_head(approx, h, head.weight, head.norms),
         "bf16-screened head": lambda: head(h),
     }
-    if int8_screen_available():
+    if int8_screen_available() or vnni_screen_available():
         int8 = ScreenedGreedyHead(head.weight, int8=True)
         assert torch.equal(int8(h), want), "the int8-screened head disagrees"
-        rows["int8-screened head"] = lambda: int8(h)
+        rows[f"int8-screened head ({'AMX' if int8.int8 is not None else 'VNNI'})"] = lambda: int8(h)
     print(
         f"LM head, {h.shape[0]} rows x {h.shape[1]} -> {runner.vocab_size}, {torch.get_num_threads()} threads"
         "; warm, and cold (after reading 512 MB)"

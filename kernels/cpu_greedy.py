@@ -3,6 +3,7 @@
     norms = row_norms(weight)                                  # once per weight
     tokens = screened_argmax(approx, h, weight, norms)         # approx = bf16(h) @ bf16(weight).T, bf16
     tokens = screened_argmax_int8(h, Int8Head(weight), weight, norms)   # where AMX int8 runs
+    tokens = screened_argmax_vnni(h, VnniHead(weight), weight, norms)   # where AVX512-VNNI runs
 
 The native op proves from a rigorous error bound which few tokens can still be the argmax and
 compares only those exactly; a row it cannot bound (an inf or NaN anywhere) comes back as -1 and is
@@ -36,8 +37,17 @@ def screened_argmax(
 
 def int8_screen_available() -> bool:
     """Whether the int8 screen runs here (the native kernels loaded, AMX int8 tiles, granted by the OS)."""
+    return _native_says("greedy_head_int8_available")
+
+
+def vnni_screen_available() -> bool:
+    """Whether the VNNI int8 screen runs here (the native kernels loaded, built with AVX512-VNNI)."""
+    return _native_says("greedy_head_vnni_available")
+
+
+def _native_says(op: str) -> bool:
     try:
-        return bool(torch.ops.bulkrun_cpu.greedy_head_int8_available())
+        return bool(getattr(torch.ops.bulkrun_cpu, op)())
     except (AttributeError, RuntimeError):  # the native kernels are not loaded
         return False
 
@@ -60,6 +70,50 @@ def screened_argmax_int8(
     h = h.contiguous()
     tokens = torch.ops.bulkrun_cpu.greedy_head_int8(
         h, head.packed, head.scales, head.err_norms, head.max_scale, weight, norms
+    )
+    return _full_where_unbounded(tokens, h, weight)
+
+
+class VnniHead:
+    """The LM head as the VNNI screen reads it (kernels/cpu/head_vnni.h): int8 rows with a scale, a
+    row sum and a quantization error norm each, and the weights at the hidden rows' outlier
+    dimensions in fp32. Those dimensions are the `outliers` largest of the first rows screened (a
+    model's outlier channels are its own, whatever the prompt): they only make the screen closer,
+    never change a token."""
+
+    def __init__(self, weight: torch.Tensor, outliers: int = 16):
+        self.weight = weight
+        self.packed, self.scales, self.err_norms, self.rowsums = torch.ops.bulkrun_cpu.pack_head_vnni(
+            weight.contiguous()
+        )
+        self.max_scale = (
+            float(self.scales.max()) if self.scales.numel() else 0.0
+        )  # the bound's underflow term
+        self.outliers = min(outliers, weight.shape[1])
+        self.dims: torch.Tensor | None = None
+        self.w_out: torch.Tensor | None = None
+
+    def outlier_weights(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(outlier dims int64 [n], the weights there as [NB, n, 16] fp32), fixed at the first rows."""
+        if self.dims is None:
+            finite = h[torch.isfinite(h).all(dim=1)]
+            size = finite.abs().amax(dim=0) if finite.shape[0] else torch.zeros(h.shape[1])
+            self.dims = size.topk(self.outliers).indices.sort().values.contiguous()
+            v = self.weight.shape[0]
+            cols = torch.zeros(-(-v // 16) * 16, self.outliers)
+            cols[:v] = self.weight[:, self.dims].float()
+            self.w_out = cols.view(cols.shape[0] // 16, 16, self.outliers).transpose(1, 2).contiguous()
+        return self.dims, self.w_out
+
+
+def screened_argmax_vnni(
+    h: torch.Tensor, head: VnniHead, weight: torch.Tensor, norms: torch.Tensor
+) -> torch.Tensor:
+    """screened_argmax's tokens, the screen the VNNI int8 product of h [N, K] fp32 and the packed head."""
+    h = h.contiguous()
+    dims, w_out = head.outlier_weights(h)
+    tokens = torch.ops.bulkrun_cpu.greedy_head_vnni(
+        h, head.packed, head.scales, head.err_norms, head.rowsums, head.max_scale, dims, w_out, weight, norms
     )
     return _full_where_unbounded(tokens, h, weight)
 

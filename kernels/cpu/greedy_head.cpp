@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "head_int8.h"
+#include "head_vnni.h"
 #include "vec_math.h"
 
 namespace bulkrun_cpu {
@@ -213,6 +214,28 @@ at::Tensor greedy_head(const at::Tensor& approx, const at::Tensor& h, const at::
   return tokens;
 }
 
+// tokens[r] = row r's exact argmax from its int8 screen (approx bf16 [N, V]) under the bound
+// bound_of(r, b) sets, or -1 where the row is not finite or its bound is not (the caller computes it).
+template <typename BoundOf>
+void tokens_from_screen(const uint16_t* approx, const at::Tensor& h, const at::Tensor& weight,
+                        const at::Tensor& row_norms, const at::Tensor& err_norms, const uint8_t* finite,
+                        at::Tensor& tokens, BoundOf bound_of) {
+  const int64_t n = h.size(0), k = h.size(1), v = weight.size(0);
+  const float* hp = h.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  const float* wn = row_norms.data_ptr<float>();
+  const float* en = err_norms.data_ptr<float>();
+  int64_t* out = tokens.data_ptr<int64_t>();
+  at::parallel_for(0, n, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      RowBound b;
+      out[r] = finite[r] && bound_of(r, b)
+                   ? screened_row<true>(approx + r * v, hp + r * k, wp, weight.stride(0), wn, en, v, k, b)
+                   : -1;
+    }
+  });
+}
+
 // The int8 screen's bound for row h (see head_int8.h), or false when it is not finite. With
 // h~ = a q_hi + b q_lo and w~_j = s_j q_j (exactly what the tiles multiply), h.w_j - h~.w~_j =
 // (h - h~).w_j + h~.(w_j - w~_j), so |h.w_j - h~.w~_j| <= ||h - h~|| ||w_j|| + ||h~|| ||e_j||; the
@@ -308,22 +331,160 @@ at::Tensor greedy_head_int8(const at::Tensor& h, const at::Tensor& packed, const
   at::Tensor approx = at::empty({n, v}, h.options().dtype(at::kBFloat16));
   auto* ap = reinterpret_cast<uint16_t*>(approx.data_ptr<at::BFloat16>());
   int8_screen(rows.data(), split.data(), n, kp, packed.data_ptr<int8_t>(), sp, v, ap, v);
-  const float* wp = weight.data_ptr<float>();
-  const float* wn = row_norms.data_ptr<float>();
-  const float* en = err_norms.data_ptr<float>();
-  int64_t* out = tokens.data_ptr<int64_t>();
-  at::parallel_for(0, n, 4, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const int8_t* hi = rows.data() + ((r / 16) * 32 + r % 16) * kp;
-      RowBound b;
-      out[r] = finite[r] && int8_row_bound(hp + r * k, k, split[r], hi, hi + 16 * kp, max_scale, b)
-                   ? screened_row<true>(ap + r * v, hp + r * k, wp, weight.stride(0), wn, en, v, k, b)
-                   : -1;
-    }
+  tokens_from_screen(ap, h, weight, row_norms, err_norms, finite.data(), tokens, [&](int64_t r, RowBound& b) {
+    const int8_t* hi = rows.data() + ((r / 16) * 32 + r % 16) * kp;
+    return int8_row_bound(hp + r * k, k, split[r], hi, hi + 16 * kp, max_scale, b);
   });
   return tokens;
 #else
   TORCH_CHECK(false, "greedy_head_int8: built without AMX int8");
+#endif
+}
+
+// The VNNI screen's bound for row h (see head_vnni.h), or false when it is not finite. With h~ = a q
+// (zero at the outlier dimensions O) + h at O, and the int8 part multiplying s_j q_j, h.w_j - the
+// screen's exact value = sum over i not in O of (h_i - a q_i) w_j[i] + a q_i (w_j[i] - s_j q_j[i]), so
+// at most ||h - a q|| ||w_j|| + ||a q|| ||e_j||. Its fp32 evaluation (int32 -> fp32, times s_j, times
+// a, then n_out FMAs, each a rounding of at most 2^-24 of the running sum, itself at most
+// ||a q|| (||w_j|| + ||e_j||) + ||h_O|| ||w_j||) adds (n_out + 4) 2^-24 of that; bf16 output: c2
+// |approx|; the exact check's double sums: K 2^-52 ||h|| ||w_j||; underflow (each fp32 op loses at
+// most 2^-126 absolute, flushed inputs at most 2^-126 times the other factor): n_out 2^-126 ||w_j||
+// and (n_out + 8) 2^-122 (1 + max s_j + ||h_O||). Norms in double, rounded up.
+bool vnni_row_bound(const float* h, int64_t k, float a, const int8_t* q, const uint8_t* is_out, int64_t n_out,
+                    double max_scale, RowBound& out) {
+  double hh = 0.0, aq_sq = 0.0, err_sq = 0.0, out_sq = 0.0;
+  for (int64_t i = 0; i < k; ++i) {
+    const double x = h[i], y = static_cast<double>(a) * q[i];
+    hh += x * x;
+    if (is_out[i]) {
+      out_sq += x * x;
+    } else {
+      aq_sq += y * y;
+      err_sq += (x - y) * (x - y);
+    }
+  }
+  const double kd = static_cast<double>(k), grow = 1.0 + (kd + 8.0) * 0x1p-50;  // the double sums' roundings
+  const double c = (static_cast<double>(n_out) + 4.0) * 0x1p-24;
+  const double aq = std::sqrt(aq_sq) * grow, h_out = std::sqrt(out_sq) * grow;
+  out.alpha = float_up((std::sqrt(err_sq) * grow + c * (aq + h_out) + kd * 0x1p-52 * std::sqrt(hh) * grow +
+                        static_cast<double>(n_out) * 0x1p-126 + 1e-300) * kInflate);
+  out.gamma = float_up(aq * (1.0 + c) * kInflate);
+  out.beta = float_up((static_cast<double>(n_out) + 8.0) * 0x1p-122 * (1.0 + max_scale + h_out) * kInflate);
+  return std::isfinite(out.alpha) && std::isfinite(out.gamma) && std::isfinite(out.beta) && std::isfinite(hh);
+}
+
+// weight fp32 [V, K] -> (packed int8 [NB][KQ][16][4], scales fp32 [V], err_norms fp32 [V] >= ||w_j - s_j
+// q_j||, rowsums int32 [V]): head_vnni.h's layout.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pack_head_vnni(const at::Tensor& weight) {
+  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.dim() == 2 && weight.is_contiguous(),
+              "pack_head_vnni: weight must be contiguous float32 [V, K]");
+  const int64_t v = weight.size(0), k = weight.size(1), nb = (v + 15) / 16, kq = (k + 3) / 4;
+  at::Tensor packed = at::zeros({nb, kq, 16, 4}, weight.options().dtype(at::kChar));
+  at::Tensor scales = at::zeros({v}, weight.options());
+  at::Tensor err = at::zeros({v}, weight.options());
+  at::Tensor rowsums = at::zeros({v}, weight.options().dtype(at::kInt));
+  int8_t* pp = packed.data_ptr<int8_t>();
+  const float* wp = weight.data_ptr<float>();
+  float* sp = scales.data_ptr<float>();
+  float* ep = err.data_ptr<float>();
+  int32_t* rp = rowsums.data_ptr<int32_t>();
+  at::parallel_for(0, nb, 16, [&](int64_t b0, int64_t b1) {
+    std::vector<int8_t> q(k);
+    for (int64_t b = b0; b < b1; ++b)
+      for (int64_t n = 0; n < 16 && b * 16 + n < v; ++n) {
+        const int64_t j = b * 16 + n;
+        ep[j] = float_up(quantize_weight_row(wp + j * k, k, q.data(), sp[j]) * (1.0 + 0x1p-40) * kInflate);
+        int32_t sum = 0;
+        for (int64_t i = 0; i < k; ++i) {  // quad i / 4, lane n, byte i % 4
+          pp[((b * kq + i / 4) * 16 + n) * 4 + i % 4] = q[i];
+          sum += q[i];
+        }
+        rp[j] = sum;
+      }
+  });
+  return {packed, scales, err, rowsums};
+}
+
+// The exact greedy tokens from the VNNI screen: h fp32 [N, K]; packed, scales, err_norms, rowsums from
+// pack_head_vnni and max_scale the largest scale; outlier_dims int64 [n_out] (distinct, < K) and
+// w_out fp32 [NB][n_out][16] the weights there; weight fp32 [V, K]; row_norms [V] (>= the true
+// norms). -1 where the caller must compute the row in full (as greedy_head).
+at::Tensor greedy_head_vnni(const at::Tensor& h, const at::Tensor& packed, const at::Tensor& scales,
+                            const at::Tensor& err_norms, const at::Tensor& rowsums, double max_scale,
+                            const at::Tensor& outlier_dims, const at::Tensor& w_out, const at::Tensor& weight,
+                            const at::Tensor& row_norms) {
+  TORCH_CHECK(h.scalar_type() == at::kFloat && h.dim() == 2 && h.is_contiguous(), "h must be contiguous float32 [N, K]");
+  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.dim() == 2 && weight.stride(1) == 1,
+              "weight must be float32 [V, K] with contiguous rows");
+  const int64_t n = h.size(0), k = h.size(1), v = weight.size(0), nb = (v + 15) / 16, kq = (k + 3) / 4;
+  TORCH_CHECK(packed.scalar_type() == at::kChar && packed.is_contiguous() && packed.dim() == 4 && packed.size(0) == nb &&
+                  packed.size(1) == kq && packed.size(2) == 16 && packed.size(3) == 4 && weight.size(1) == k,
+              "packed must be pack_head_vnni's of this weight");
+  for (const at::Tensor* t : {&scales, &err_norms, &row_norms})
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == v, "per-token vectors must be float32 [V]");
+  TORCH_CHECK(rowsums.scalar_type() == at::kInt && rowsums.is_contiguous() && rowsums.numel() == v, "rowsums must be int32 [V]");
+  TORCH_CHECK(outlier_dims.scalar_type() == at::kLong && outlier_dims.dim() == 1 && outlier_dims.is_contiguous(),
+              "outlier_dims must be int64 [n_out]");
+  const int64_t n_out = outlier_dims.numel();
+  const int64_t* dims = outlier_dims.data_ptr<int64_t>();
+  std::vector<uint8_t> is_out(k, 0);
+  for (int64_t o = 0; o < n_out; ++o) {
+    TORCH_CHECK(dims[o] >= 0 && dims[o] < k && !is_out[dims[o]], "outlier_dims must be distinct dimensions of h");
+    is_out[dims[o]] = 1;
+  }
+  TORCH_CHECK(w_out.scalar_type() == at::kFloat && w_out.is_contiguous() && w_out.dim() == 3 && w_out.size(0) == nb &&
+                  w_out.size(1) == n_out && w_out.size(2) == 16,
+              "w_out must be float32 [NB, n_out, 16]");
+  at::Tensor tokens = at::empty({n}, h.options().dtype(at::kLong));
+#ifdef BULKRUN_HEAD_VNNI
+  if (n == 0) return tokens;
+  const float* hp = h.data_ptr<float>();
+  std::vector<uint8_t> u(n * kq * 4, 128);
+  std::vector<int8_t> q(n * k, 0);
+  std::vector<float> a(n, 0.f), h_out(std::max<int64_t>(1, n * n_out), 0.f);
+  std::vector<uint8_t> finite(n);
+  at::parallel_for(0, n, 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* x = hp + r * k;
+      bool ok = true;
+      double top = 0.0;
+      for (int64_t i = 0; i < k; ++i) {
+        ok &= std::isfinite(x[i]);
+        if (!is_out[i]) top = std::max(top, std::fabs(static_cast<double>(x[i])));
+      }
+      finite[r] = ok;
+      if (!ok) continue;
+      a[r] = static_cast<float>(top / 127.0);
+      const double inv = a[r] > 0.f ? 1.0 / a[r] : 0.0;
+      int8_t* qr = q.data() + r * k;
+      uint8_t* ur = u.data() + r * kq * 4;
+      for (int64_t i = 0; i < k; ++i) {
+        qr[i] = is_out[i] ? 0 : static_cast<int8_t>(std::clamp(std::nearbyint(x[i] * inv), -127.0, 127.0));
+        ur[i] = static_cast<uint8_t>(qr[i] + 128);
+      }
+      for (int64_t o = 0; o < n_out; ++o) h_out[r * n_out + o] = x[dims[o]];
+    }
+  });
+  at::Tensor approx = at::empty({n, v}, h.options().dtype(at::kBFloat16));
+  auto* ap = reinterpret_cast<uint16_t*>(approx.data_ptr<at::BFloat16>());
+  const VnniRows rows{u.data(), a.data(), h_out.data(), kq, n_out};
+  const VnniWeights w{packed.data_ptr<int8_t>(), scales.data_ptr<float>(), rowsums.data_ptr<int32_t>(),
+                      w_out.data_ptr<float>(), v};
+  vnni_screen(rows, w, n, ap, v);
+  tokens_from_screen(ap, h, weight, row_norms, err_norms, finite.data(), tokens, [&](int64_t r, RowBound& b) {
+    return vnni_row_bound(hp + r * k, k, a[r], q.data() + r * k, is_out.data(), n_out, max_scale, b);
+  });
+  return tokens;
+#else
+  TORCH_CHECK(false, "greedy_head_vnni: built without AVX512-VNNI");
+#endif
+}
+
+bool greedy_head_vnni_available() {
+#ifdef BULKRUN_HEAD_VNNI
+  return true;
+#else
+  return false;
 #endif
 }
 
@@ -344,10 +505,16 @@ TORCH_LIBRARY_FRAGMENT(bulkrun_cpu, m) {
   m.def("greedy_head_int8(Tensor h, Tensor packed, Tensor scales, Tensor err_norms, float max_scale, "
         "Tensor weight, Tensor row_norms) -> Tensor");
   m.def("greedy_head_int8_available() -> bool", &bulkrun_cpu::greedy_head_int8_available);
+  m.def("pack_head_vnni(Tensor weight) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("greedy_head_vnni(Tensor h, Tensor packed, Tensor scales, Tensor err_norms, Tensor rowsums, "
+        "float max_scale, Tensor outlier_dims, Tensor w_out, Tensor weight, Tensor row_norms) -> Tensor");
+  m.def("greedy_head_vnni_available() -> bool", &bulkrun_cpu::greedy_head_vnni_available);
 }
 
 TORCH_LIBRARY_IMPL(bulkrun_cpu, CPU, m) {
   m.impl("greedy_head", &bulkrun_cpu::greedy_head);
   m.impl("pack_head_int8", &bulkrun_cpu::pack_head_int8);
   m.impl("greedy_head_int8", &bulkrun_cpu::greedy_head_int8);
+  m.impl("pack_head_vnni", &bulkrun_cpu::pack_head_vnni);
+  m.impl("greedy_head_vnni", &bulkrun_cpu::greedy_head_vnni);
 }

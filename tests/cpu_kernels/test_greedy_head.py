@@ -1,4 +1,4 @@
-"""The screened greedy head (bf16 or int8 screen, exact check) against torch.argmax of the fp32 product:
+"""The screened greedy head (bf16 screen, int8 on AMX tiles or on AVX512-VNNI, exact check) against torch.argmax of the fp32 product:
 random rows, rows built with 1-ulp gaps and exact ties (the lowest id must win), huge and tiny norms,
 subnormal products, inf and NaN rows, outlier dimensions, one row and 64, vocabularies that are not a
 multiple of 16, hidden sizes that are not a multiple of the int8 tiles' 64."""
@@ -12,15 +12,20 @@ import torch.nn.functional as F
 from bulkrun.model.greedy_head import ScreenedGreedyHead
 from bulkrun_kernels.cpu_greedy import (
     Int8Head,
+    VnniHead,
     int8_screen_available,
     row_norms,
     screened_argmax,
     screened_argmax_int8,
+    screened_argmax_vnni,
+    vnni_screen_available,
 )
 
 ONEDNN_BF16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
 INT8 = int8_screen_available()
-PATHS = (["bf16", "torch"] if ONEDNN_BF16 else ["torch"]) + (["int8"] if INT8 else [])
+VNNI = vnni_screen_available()
+INT8_PATHS = (["int8"] if INT8 else []) + (["vnni"] if VNNI else [])
+PATHS = (["bf16", "torch"] if ONEDNN_BF16 else ["torch"]) + INT8_PATHS
 ULP_UNITS = 2**24 - 64  # the best logit in units of 2^-10: the top fp32 binade, where 1 unit is 1 ulp
 
 
@@ -31,6 +36,8 @@ def greedy(h: torch.Tensor, w: torch.Tensor, path: str = PATHS[0]) -> torch.Tens
         return ScreenedGreedyHead(w, int8=False)(h)
     if path == "int8":
         return screened_argmax_int8(h, Int8Head(w), w, row_norms(w))
+    if path == "vnni":
+        return screened_argmax_vnni(h, VnniHead(w), w, row_norms(w))
     return screened_argmax(F.linear(h.bfloat16(), w.bfloat16()), h, w, row_norms(w))
 
 
@@ -128,22 +135,38 @@ def test_subnormal_products_still_give_the_exact_argmax(path):
     assert torch.equal(greedy(h, w, path), (h.double() @ w.double().T).argmax(dim=-1))
 
 
-@pytest.mark.skipif(not INT8, reason="no AMX int8 tiles here")
-@pytest.mark.parametrize(("rows", "hidden"), [(1, 576), (37, 100), (130, 576)])
-def test_int8_screen_with_outlier_dimensions_and_ragged_shapes(rows, hidden):
+@pytest.mark.parametrize("path", INT8_PATHS)
+@pytest.mark.parametrize(("rows", "hidden"), [(1, 576), (37, 100), (130, 576), (7, 30)])
+def test_int8_screen_with_outlier_dimensions_and_ragged_shapes(path, rows, hidden):
     """Hidden rows with a few dimensions 40x the rest (as a model's final rows have) set a coarse int8
-    step for one part; the second part (hi, lo) and the bound keep the token exact. Hidden sizes off
-    the tiles' 64, row counts off their 16."""
+    step for one part; the second part (hi, lo) or the outliers in fp32 (VNNI) and the bound keep the
+    token exact. Hidden sizes off the tiles' 64 and the VNNI quads' 4, row counts off their 16 and 6."""
     g = torch.Generator().manual_seed(rows)
     h = torch.randn(rows, hidden, generator=g)
     h[:, [3, hidden // 2]] *= 40
     w = torch.randn(4099, hidden, generator=g) * 0.05
     w[7] *= 30  # one row of a much larger scale than the others
-    assert torch.equal(greedy(h, w, "int8"), fp32_argmax(h, w))
+    assert torch.equal(greedy(h, w, path), fp32_argmax(h, w))
 
 
-@pytest.mark.skipif(not INT8, reason="no AMX int8 tiles here")
-def test_an_int8_rounding_that_reverses_the_order_is_caught():
+@pytest.mark.skipif(not VNNI, reason="no AVX512-VNNI here")
+def test_vnni_outliers_fixed_by_other_rows_leave_the_tokens_exact():
+    """The outlier dimensions are fixed at the first rows screened; rows whose large dimensions lie
+    elsewhere (another prompt, another model's channels) only screen more loosely."""
+    g = torch.Generator().manual_seed(8)
+    w = torch.randn(20000, 576, generator=g) * 0.05
+    head, norms = VnniHead(w), row_norms(w)
+    first = torch.randn(8, 576, generator=g)
+    first[:, :16] *= 30
+    assert torch.equal(screened_argmax_vnni(first, head, w, norms), fp32_argmax(first, w))
+    assert head.dims.tolist() == list(range(16))
+    later = torch.randn(64, 576, generator=g)
+    later[:, 300:304] *= 60
+    assert torch.equal(screened_argmax_vnni(later, head, w, norms), fp32_argmax(later, w))
+
+
+@pytest.mark.parametrize("path", INT8_PATHS)
+def test_an_int8_rounding_that_reverses_the_order_is_caught(path):
     """Row 900's values sit just below an int8 step boundary and row 3's just above: quantized, row 3
     outscores row 900, though 900 is the best in fp32."""
     hidden = 576
@@ -153,11 +176,11 @@ def test_an_int8_rounding_that_reverses_the_order_is_caught():
     w[900, 1:] = 0.49
     w[3, 1:] = 0.51
     w[3, 1::2] = 0.45
-    head = Int8Head(w)
+    head = Int8Head(w) if path == "int8" else VnniHead(w)  # the same scales
     approx_900 = head.scales[900] * torch.round(w[900] / head.scales[900]).sum()
     approx_3 = head.scales[3] * torch.round(w[3] / head.scales[3]).sum()
     assert approx_3 > approx_900 and fp32_argmax(h, w).tolist() == [900]
-    assert greedy(h, w, "int8").tolist() == [900]
+    assert greedy(h, w, path).tolist() == [900]
 
 
 def test_rows_with_inf_or_nan_are_computed_in_full():
@@ -176,6 +199,10 @@ def test_rows_with_inf_or_nan_are_computed_in_full():
         )
         assert raw[1] == -1 and raw[2] == -1 and (raw[[0, 3]] >= 0).all()
         assert torch.equal(greedy(h, w, "int8"), fp32_argmax(h, w))
+    if VNNI:
+        raw = vnni_raw(h, w)
+        assert raw[1] == -1 and raw[2] == -1 and (raw[[0, 3]] >= 0).all()
+        assert torch.equal(greedy(h, w, "vnni"), fp32_argmax(h, w))
 
 
 def test_row_norms_never_fall_below_the_true_norms():
@@ -198,6 +225,27 @@ def test_rows_of_near_equal_logits_everywhere_are_computed_in_full():
         )
         assert raw.tolist() == [-1, -1, -1]
         assert greedy(h, w, "int8").tolist() == [0, 0, 0]
+    if VNNI:
+        assert vnni_raw(h, w).tolist() == [-1, -1, -1]
+        assert greedy(h, w, "vnni").tolist() == [0, 0, 0]
+
+
+def vnni_raw(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The native VNNI op's tokens (-1: rows left to the caller)."""
+    head = VnniHead(w)
+    dims, w_out = head.outlier_weights(h)
+    return torch.ops.bulkrun_cpu.greedy_head_vnni(
+        h,
+        head.packed,
+        head.scales,
+        head.err_norms,
+        head.rowsums,
+        head.max_scale,
+        dims,
+        w_out,
+        w,
+        row_norms(w),
+    )
 
 
 @pytest.mark.skipif(not ONEDNN_BF16, reason="oneDNN has no bf16 here")
