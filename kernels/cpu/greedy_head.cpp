@@ -261,6 +261,19 @@ bool int8_row_bound(const float* h, int64_t k, SplitRow split, const int8_t* hi,
   return std::isfinite(out.alpha) && std::isfinite(out.gamma) && std::isfinite(hh);
 }
 
+// Every row j of weight [v, k]: quantized into q, its scale into scales[j] and its error norm,
+// rounded up, into err_norms[j]; then place(j, q) packs it. Rows in parallel, 16 at a time.
+template <typename Place>
+void quantize_head_rows(const float* weight, int64_t v, int64_t k, float* scales, float* err_norms, Place place) {
+  at::parallel_for(0, (v + 15) / 16, 16, [&](int64_t b0, int64_t b1) {
+    std::vector<int8_t> q(k);
+    for (int64_t j = b0 * 16; j < std::min(v, b1 * 16); ++j) {
+      err_norms[j] = float_up(quantize_weight_row(weight + j * k, k, q.data(), scales[j]) * (1.0 + 0x1p-40) * kInflate);
+      place(j, q.data());
+    }
+  });
+}
+
 // weight fp32 [V, K] -> (packed int8 [NB][KS][16][64] as AMX's B tiles, scales fp32 [V], err_norms fp32 [V]
 // >= ||w_j - s_j q_j||): head_int8.h's layout.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_head_int8(const at::Tensor& weight) {
@@ -273,19 +286,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pack_head_int8(const at::Tensor& 
   at::Tensor scales = at::empty({v}, weight.options());
   at::Tensor err = at::empty({v}, weight.options());
   int8_t* pp = packed.data_ptr<int8_t>();
-  const float* wp = weight.data_ptr<float>();
-  float* sp = scales.data_ptr<float>();
-  float* ep = err.data_ptr<float>();
-  at::parallel_for(0, nb, 16, [&](int64_t b0, int64_t b1) {
-    std::vector<int8_t> q(k);
-    for (int64_t b = b0; b < b1; ++b)
-      for (int64_t n = 0; n < kInt8Cols && b * kInt8Cols + n < v; ++n) {
-        const int64_t j = b * kInt8Cols + n;
-        ep[j] = float_up(quantize_weight_row(wp + j * k, k, q.data(), sp[j]) * (1.0 + 0x1p-40) * kInflate);
-        for (int64_t i = 0; i < k; ++i)  // step i / 64, tile row (i % 64) / 4, byte 4 n + i % 4
-          pp[((b * ks + i / kInt8Step) * 16 + (i % kInt8Step) / 4) * 64 + 4 * n + i % 4] = q[i];
-      }
-  });
+  quantize_head_rows(weight.data_ptr<float>(), v, k, scales.data_ptr<float>(), err.data_ptr<float>(),
+                     [&](int64_t j, const int8_t* q) {
+                       const int64_t b = j / kInt8Cols, n = j % kInt8Cols;
+                       for (int64_t i = 0; i < k; ++i)  // step i / 64, tile row (i % 64) / 4, byte 4 n + i % 4
+                         pp[((b * ks + i / kInt8Step) * 16 + (i % kInt8Step) / 4) * 64 + 4 * n + i % 4] = q[i];
+                     });
   return {packed, scales, err};
 #else
   TORCH_CHECK(false, "pack_head_int8: built without AMX int8");
@@ -384,24 +390,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> pack_head_vnni(const 
   at::Tensor err = at::zeros({v}, weight.options());
   at::Tensor rowsums = at::zeros({v}, weight.options().dtype(at::kInt));
   int8_t* pp = packed.data_ptr<int8_t>();
-  const float* wp = weight.data_ptr<float>();
-  float* sp = scales.data_ptr<float>();
-  float* ep = err.data_ptr<float>();
   int32_t* rp = rowsums.data_ptr<int32_t>();
-  at::parallel_for(0, nb, 16, [&](int64_t b0, int64_t b1) {
-    std::vector<int8_t> q(k);
-    for (int64_t b = b0; b < b1; ++b)
-      for (int64_t n = 0; n < 16 && b * 16 + n < v; ++n) {
-        const int64_t j = b * 16 + n;
-        ep[j] = float_up(quantize_weight_row(wp + j * k, k, q.data(), sp[j]) * (1.0 + 0x1p-40) * kInflate);
-        int32_t sum = 0;
-        for (int64_t i = 0; i < k; ++i) {  // quad i / 4, lane n, byte i % 4
-          pp[((b * kq + i / 4) * 16 + n) * 4 + i % 4] = q[i];
-          sum += q[i];
-        }
-        rp[j] = sum;
-      }
-  });
+  quantize_head_rows(weight.data_ptr<float>(), v, k, scales.data_ptr<float>(), err.data_ptr<float>(),
+                     [&](int64_t j, const int8_t* q) {
+                       const int64_t b = j / 16, n = j % 16;
+                       int32_t sum = 0;
+                       for (int64_t i = 0; i < k; ++i) {  // quad i / 4, lane n, byte i % 4
+                         pp[((b * kq + i / 4) * 16 + n) * 4 + i % 4] = q[i];
+                         sum += q[i];
+                       }
+                       rp[j] = sum;
+                     });
   return {packed, scales, err, rowsums};
 }
 
@@ -447,21 +446,13 @@ at::Tensor greedy_head_vnni(const at::Tensor& h, const at::Tensor& packed, const
     for (int64_t r = r0; r < r1; ++r) {
       const float* x = hp + r * k;
       bool ok = true;
-      double top = 0.0;
-      for (int64_t i = 0; i < k; ++i) {
-        ok &= std::isfinite(x[i]);
-        if (!is_out[i]) top = std::max(top, std::fabs(static_cast<double>(x[i])));
-      }
+      for (int64_t i = 0; i < k; ++i) ok &= std::isfinite(x[i]);
       finite[r] = ok;
       if (!ok) continue;
-      a[r] = static_cast<float>(top / 127.0);
-      const double inv = a[r] > 0.f ? 1.0 / a[r] : 0.0;
       int8_t* qr = q.data() + r * k;
+      a[r] = quantize_row(x, k, qr, is_out.data());
       uint8_t* ur = u.data() + r * kq * 4;
-      for (int64_t i = 0; i < k; ++i) {
-        qr[i] = is_out[i] ? 0 : static_cast<int8_t>(std::clamp(std::nearbyint(x[i] * inv), -127.0, 127.0));
-        ur[i] = static_cast<uint8_t>(qr[i] + 128);
-      }
+      for (int64_t i = 0; i < k; ++i) ur[i] = static_cast<uint8_t>(qr[i] + 128);
       for (int64_t o = 0; o < n_out; ++o) h_out[r * n_out + o] = x[dims[o]];
     }
   });

@@ -33,14 +33,17 @@ constexpr int64_t kInt8Step = 64;  // K per int8 tile instruction
 constexpr int64_t kInt8Cols = 16;
 
 // x (k values) -> q[0 .. k) = round(x / s) in [-127, 127], s = max |x| / 127 (returned; 0 and all
-// q 0 where x is all zeros). Any q is sound: the bound measures the error it leaves exactly.
+// q 0 where x is all zeros). skip (optional, k flags): dimensions left out, q 0 there and s over the
+// others (head_vnni.h's outliers). Any q is sound: the bound measures the error it leaves exactly.
 template <typename T>
-inline float quantize_row(const T* x, int64_t k, int8_t* q) {
+inline float quantize_row(const T* x, int64_t k, int8_t* q, const uint8_t* skip = nullptr) {
   double top = 0.0;
-  for (int64_t i = 0; i < k; ++i) top = std::max(top, std::fabs(static_cast<double>(x[i])));
+  for (int64_t i = 0; i < k; ++i)
+    if (!skip || !skip[i]) top = std::max(top, std::fabs(static_cast<double>(x[i])));
   const float scale = static_cast<float>(top / 127.0);
   const double inv = scale > 0.f ? 1.0 / scale : 0.0;
-  for (int64_t i = 0; i < k; ++i) q[i] = static_cast<int8_t>(std::clamp(std::nearbyint(x[i] * inv), -127.0, 127.0));
+  for (int64_t i = 0; i < k; ++i)
+    q[i] = skip && skip[i] ? 0 : static_cast<int8_t>(std::clamp(std::nearbyint(x[i] * inv), -127.0, 127.0));
   return scale;
 }
 
