@@ -84,6 +84,13 @@ class FakeRunner:
         result = RunnerOutput()
         written: set[int] = set()
         record = []
+        bs = self.block_size
+        for source, destination, n in out.kv_copies:  # first, as the real runner does
+            for i in range(n):
+                if source * bs + i in self.slots:
+                    self.slots[destination * bs + i] = self.slots[source * bs + i]
+                else:
+                    self.slots.pop(destination * bs + i, None)
         for req, start, n, sample in out.rows():
             end = start + n
             record.append((req.request_id, start, n, sample))

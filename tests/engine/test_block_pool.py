@@ -1,8 +1,8 @@
-"""BlockPool: allocation, reference counts, chained hashes, prefix reuse, LRU eviction."""
+"""BlockPool: allocation, reference counts, chained hashes, prefix reuse, partial matches, LRU eviction."""
 
 from __future__ import annotations
 
-from bulkrun.engine.core.block_pool import BlockPool, extend_block_hashes, hash_block_tokens
+from bulkrun.engine.core.block_pool import RECENT_CHILDREN, BlockPool, extend_block_hashes, hash_block_tokens
 
 
 def hashes_of(tokens: list[int], block_size: int = 4) -> list[int]:
@@ -177,3 +177,30 @@ def test_freed_blocks_are_handed_out_in_address_order():
     blocks = pool.allocate(6)
     pool.free([blocks[5], blocks[1], blocks[3], blocks[0]])
     assert pool.allocate(3) == sorted([blocks[1], blocks[3], blocks[0]])  # the three freed last
+
+
+def test_partial_match_finds_the_recent_child_sharing_most_leading_tokens():
+    pool = BlockPool(8, 4)
+    a, b, c = pool.allocate(3)
+    root, (h,) = None, hashes_of([1, 2, 3, 4])
+    pool.cache_block(a, h, root, [1, 2, 3, 4])
+    pool.cache_block(b, 100, h, [5, 6, 7, 8])  # children of a
+    pool.cache_block(c, 101, h, [5, 6, 9, 9])
+    assert pool.partial_match(root, [1, 2, 7]) == (a, 2)
+    assert pool.partial_match(h, [5, 6, 9, 1]) == (c, 3)
+    assert pool.partial_match(h, [5, 6, 7, 1]) == (b, 3)
+    assert pool.partial_match(h, [8, 8]) == (-1, 0)  # no leading token shared
+    assert pool.partial_match(101, [5]) == (-1, 0)  # another parent: nothing
+    pool.free([a, b, c])
+    assert pool.allocate(3) == [a, b, c]  # evicted: they stand in for nothing any more
+    assert pool.partial_match(h, [5, 6]) == (-1, 0) and pool.partial_match(root, [1]) == (-1, 0)
+
+
+def test_partial_match_keeps_the_last_few_children_of_a_parent():
+    pool = BlockPool(16, 4)
+    blocks = pool.allocate(RECENT_CHILDREN + 1)
+    for i, block in enumerate(blocks):
+        pool.cache_block(block, 500 + i, 7, [i, 1, 1, 1])
+    assert pool.partial_match(7, [0, 1]) == (-1, 0)  # the oldest one left the index
+    assert pool.partial_match(7, [RECENT_CHILDREN, 1]) == (blocks[-1], 2)
+    assert pool.lookup_prefix([500]) == [blocks[0]]  # still cached as a whole block

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from engine_fakes import (
     RunnerOutput,
     reference_generation,
@@ -184,15 +185,37 @@ def test_prefix_hit_skips_cached_blocks_but_recomputes_the_last_token(make_sched
     longer = sched.add_request(gen("longer", list(range(1, 9)) + [30, 31], max_tokens=2))
     same = sched.add_request(gen("same", range(1, 9), max_tokens=2))
     out, _ = step(sched, runner)
-    # the same 8-token prompt: only block 0 is reused, block 1 holds the last token, recomputed
-    assert chunks(out) == [("longer", 2, True), ("same", 4, True)]
-    assert same.num_cached_tokens == 4 and longer.num_cached_tokens == 8
-    assert out.num_prefix_hit_tokens == 12 and sched.num_prefix_hit_tokens == 12
+    # the same 8-token prompt: block 0 is reused; block 1 holds the last token, recomputed in a
+    # block of its own, after the three before it are copied from the cached block 1
+    assert chunks(out) == [("longer", 2, True), ("same", 1, True)]
+    assert same.num_cached_tokens == 7 and longer.num_cached_tokens == 8
+    assert out.num_prefix_hit_tokens == 15 and sched.num_prefix_hit_tokens == 15
+    assert out.kv_copies == [(longer.block_table[1], same.block_table[1], 3)]
     assert same.block_table[0] == longer.block_table[0]  # one cached block, two readers
     assert runner.pool.ref_counts[same.block_table[0]] == 2
     run_to_completion(sched, runner)
     assert same.output_token_ids == reference_generation(list(range(1, 9)), 2)
     assert longer.output_token_ids == reference_generation(list(range(1, 9)) + [30, 31], 2)
+
+
+@pytest.mark.parametrize("reused_by", ["another request", "the copying request"])
+def test_a_copied_source_block_may_be_reused_in_the_same_step(make_scheduler, reused_by):
+    sched, runner = make_scheduler(num_blocks=4, block_size=4, budget=64)
+    # blocks 0 and 1 cached and unreferenced; with 2 new tokens block 2 held the 9th and is plain free
+    sched.add_request(gen("first", range(1, 9), max_tokens=2 if reused_by == "another request" else 1))
+    run_to_completion(sched, runner)
+    a = sched.add_request(gen("a", [1, 2, 3, 4, 5, 6, 30, 31], max_tokens=2))  # shares 5, 6 of block 1
+    b = sched.add_request(gen("b", range(40, 48), max_tokens=2))  # takes what is left
+    out, _ = step(sched, runner)
+    ((source, destination, n),) = out.kv_copies
+    assert n == 2 and a.num_cached_tokens == 6 and destination == a.block_table[1]
+    if reused_by == "another request":  # evicted for b, which writes it in this step, after the copy
+        assert source in b.block_table and destination != source
+    else:  # evicted for a's own new block: the copy has nothing to move
+        assert destination == source
+    run_to_completion(sched, runner)  # the fake runner checks every token's KV
+    assert a.output_token_ids == reference_generation([1, 2, 3, 4, 5, 6, 30, 31], 2)
+    assert b.output_token_ids == reference_generation(list(range(40, 48)), 2)
 
 
 def test_prefix_cache_off_recomputes_everything(make_scheduler):
@@ -293,7 +316,8 @@ def test_cached_scoring_prompt_still_recomputes_its_last_token(make_scheduler):
     run_to_completion(sched, runner)
     parent = sched.add_request(EngineRequest("p", prompt, continuations=[[40], [41]]))
     out, finished = step(sched, runner)
-    assert chunks(out) == [("p", 4, False)] and out.num_prefix_hit_tokens == 4
+    # block 0 cached, block 1's first three tokens copied: the last one is computed
+    assert chunks(out) == [("p", 1, False)] and out.num_prefix_hit_tokens == 7
     assert finished == [parent]
     assert parent.continuation_logprobs() == [reference_scores(prompt, [40]), reference_scores(prompt, [41])]
 

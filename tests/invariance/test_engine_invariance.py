@@ -1,6 +1,7 @@
 """A request's tokens and log-probabilities are the same bits alone, in batches of other sizes and
 compositions, under other token budgets (other prompt chunks), after a preemption and after a
-prefix-cache hit: bf16 and fp32, the native CPU kernels and the reference."""
+prefix-cache hit (whole blocks, and a block's leading tokens copied): bf16 and fp32, the native CPU
+kernels and the reference."""
 
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ def _prompts() -> list[list[int]]:
     return [shared + p if i % 2 else p for i, p in enumerate(own)]
 
 
+CACHED: dict[str, list[int]] = {}  # the last _run's prompt tokens served from the cache, by request
+
+
 def _run(model_dir, prompts, order=None, **config) -> dict[int, tuple[list[int], list[float]]]:
     engine = load_engine(model_dir, EngineConfig(kv_cache_bytes=config.pop("kv", 8 << 20), **config))
     order = order or list(range(len(prompts)))
@@ -44,7 +48,9 @@ def _run(model_dir, prompts, order=None, **config) -> dict[int, tuple[list[int],
         )
         for i in order
     ]
-    out = {int(o.request_id): (o.output_token_ids, o.logprobs or []) for o in engine.generate(requests)}
+    outputs = engine.generate(requests)
+    CACHED["last"] = [o.num_cached_tokens for o in outputs]
+    out = {int(o.request_id): (o.output_token_ids, o.logprobs or []) for o in outputs}
     assert all(len(t) == NEW_TOKENS for t, _ in out.values())
     return out
 
@@ -67,6 +73,10 @@ def test_same_bits_in_any_batch(model_dir, dtype, kernels):
     runs = {
         "all together": _run(model_dir, prompts, **base),
         "reversed, 3 at a time": _run(model_dir, prompts, order=list(range(8))[::-1], max_num_seqs=3, **base),
+    }
+    # the later sharers take the 40-token prefix from the cache: 2 blocks and 8 tokens copied
+    assert 40 in CACHED["last"]
+    runs |= {
         "16-token chunks": _run(model_dir, prompts, max_num_batched_tokens=16, **base),
         "7-token chunks, no cache": _run(
             model_dir, prompts, max_num_batched_tokens=7, enable_prefix_caching=False, **base

@@ -5,6 +5,11 @@ equal token prefixes computed alike (a chain's root says how: LongRoPE's long fa
 tokens other keys). Freed blocks that carry a hash stay cached (evictable, least recently
 freed first) until a free block is needed; blocks without a hash go back to the free list.
 
+A cached block also stands in for the leading tokens it shares with a request's next block: the
+last few blocks cached under each parent are kept with their tokens (`partial_match`), so a prompt
+that leaves a shared prefix mid-block (a chat template's system turn, an instruction) takes the
+shared tokens' keys and values by copy instead of computing them again.
+
 Allocation prefers blocks already used once (plain freed ones, the most recently freed first, then
 evictable cached ones, least recently used first) over blocks never touched, so the memory a run
 actually touches (lazily mapped on the CPU) tracks its peak use rather than the cache's size.
@@ -17,12 +22,22 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 _ROOT_HASH = 0x5EED  # parent hash of a sequence's first block
+RECENT_CHILDREN = 4  # cached blocks per parent whose tokens partial_match compares
 # parent hash of the first block of a sequence whose KV is computed on LongRoPE's long factors
 LONG_ROPE_ROOT = hash((_ROOT_HASH, "long_rope"))
 
 
 def hash_block_tokens(parent_hash: int | None, tokens: Sequence[int]) -> int:
     return hash((_ROOT_HASH if parent_hash is None else parent_hash, tuple(tokens)))
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):  # the shorter one bounds the match
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def extend_block_hashes(
@@ -49,6 +64,10 @@ class BlockPool:
         self._num_touched = 0  # blocks _num_touched.. have never been handed out
         self._evictable: OrderedDict[int, None] = OrderedDict()  # unreferenced, hashed; LRU first
         self.num_evictions = 0
+        # partial matches: parent hash -> its last RECENT_CHILDREN cached blocks (newest last), and
+        # each such block's parent and tokens
+        self._children: dict[int, list[int]] = {}
+        self._parent_and_tokens: dict[int, tuple[int, tuple[int, ...]]] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -98,6 +117,7 @@ class BlockPool:
         block, _ = self._evictable.popitem(last=False)
         del self._cached[self._block_hash[block]]
         self._block_hash[block] = None
+        self._forget_tokens(block)
         self.num_evictions += 1
         return block
 
@@ -140,11 +160,39 @@ class BlockPool:
         """Free blocks left for allocation once `blocks` (from lookup_prefix) are shared."""
         return self.num_free_blocks - sum(1 for b in blocks if self.ref_counts[b] == 0)
 
-    def cache_block(self, block: int, block_hash: int) -> None:
-        """Publish a full, computed block under its chained hash (first writer wins)."""
+    def cache_block(
+        self, block: int, block_hash: int, parent_hash: int | None = None, tokens: Sequence[int] = ()
+    ) -> None:
+        """Publish a full, computed block under its chained hash (first writer wins); with its
+        parent's hash (None: the root) and tokens, it also serves partial matches."""
         if not self.enable_prefix_caching or self._block_hash[block] is not None:
             return
         if block_hash in self._cached:
             return  # same content computed twice at once: keep the first, this one stays private
         self._block_hash[block] = block_hash
         self._cached[block_hash] = block
+        if tokens:
+            parent = _ROOT_HASH if parent_hash is None else parent_hash
+            children = self._children.setdefault(parent, [])
+            if len(children) == RECENT_CHILDREN:
+                del self._parent_and_tokens[children.pop(0)]
+            children.append(block)
+            self._parent_and_tokens[block] = (parent, tuple(tokens))
+
+    def partial_match(self, parent_hash: int | None, tokens: Sequence[int]) -> tuple[int, int]:
+        """(block, n): a cached block under `parent_hash` (None: the root) whose first n tokens are
+        tokens[:n], n as large as the recent children give; (-1, 0) when none shares a token."""
+        best, best_n = -1, 0
+        for block in self._children.get(_ROOT_HASH if parent_hash is None else parent_hash, ()):
+            n = _common_prefix(self._parent_and_tokens[block][1], tokens)
+            if n > best_n:
+                best, best_n = block, n
+        return best, best_n
+
+    def _forget_tokens(self, block: int) -> None:
+        entry = self._parent_and_tokens.pop(block, None)
+        if entry is not None:
+            children = self._children[entry[0]]
+            children.remove(block)
+            if not children:
+                del self._children[entry[0]]

@@ -1,7 +1,8 @@
 """Which KV-cache blocks each request holds: prefix-cache lookups, growth, release. No torch.
 
 The scheduler decides who runs (policy); this module is the mechanism it calls: find the cached
-blocks that extend a request's computed prefix, give a request room for more tokens (all or
+blocks that extend a request's computed prefix (and a cached block sharing the leading tokens of
+the next one, whose keys and values the step copies), give a request room for more tokens (all or
 nothing), publish its full blocks to the prefix cache, and take its blocks back.
 """
 
@@ -13,11 +14,15 @@ from bulkrun.engine.core.block_pool import LONG_ROPE_ROOT, BlockPool, extend_blo
 from bulkrun.engine.core.request import Request
 
 
+def _root(req: Request) -> int | None:
+    """The parent hash of req's first block: a request on LongRoPE's long factors hashes on a chain
+    of its own, so its blocks and a short-factor request's never stand in for each other."""
+    return LONG_ROPE_ROOT if req.long_rope else None
+
+
 def _hash_blocks(req: Request, num_blocks: int, block_size: int) -> None:
-    """Extend req's block hashes to num_blocks; a request on LongRoPE's long factors hashes on a
-    chain of its own, so its blocks and a short-factor request's never stand in for each other."""
-    root = LONG_ROPE_ROOT if req.long_rope else None
-    extend_block_hashes(req.block_hashes, req.token_ids, num_blocks, block_size, root)
+    """Extend req's block hashes to num_blocks."""
+    extend_block_hashes(req.block_hashes, req.token_ids, num_blocks, block_size, _root(req))
 
 
 class KVCacheManager:
@@ -42,16 +47,37 @@ class KVCacheManager:
         _hash_blocks(req, stop, self.block_size)
         return self.pool.lookup_prefix(req.block_hashes[start:stop])
 
-    def num_blocks_needed(self, req: Request, num_new_tokens: int, hits: Sequence[int] = ()) -> int:
-        """Fresh blocks allocate_slots(req, num_new_tokens, hits) would take."""
-        covered = req.num_computed_tokens + len(hits) * self.block_size + num_new_tokens
+    def partial_hit(self, req: Request, hits: Sequence[int]) -> tuple[int, int]:
+        """(block, n) after the full `hits`: a cached block whose first n tokens are req's next n,
+        for the step to copy (allocate_slots(..., copied=n)); (-1, 0) when there is none. Capped as
+        get_computed_blocks is; only where req's computed tokens end on a block boundary."""
+        table, bs = len(req.block_table) + len(hits), self.block_size
+        start = table * bs
+        if not self.caching or req.num_computed_tokens != len(req.block_table) * bs:
+            return -1, 0
+        limit = min(bs - 1, req.num_tokens_without_logits - start)
+        if limit <= 0:
+            return -1, 0
+        _hash_blocks(req, table, bs)
+        parent = req.block_hashes[table - 1] if table else _root(req)
+        block, n = self.pool.partial_match(parent, req.token_ids[start : start + limit])
+        return (block, n) if n else (-1, 0)
+
+    def num_blocks_needed(
+        self, req: Request, num_new_tokens: int, hits: Sequence[int] = (), copied: int = 0
+    ) -> int:
+        """Fresh blocks allocate_slots(req, num_new_tokens, hits, copied) would take."""
+        covered = req.num_computed_tokens + len(hits) * self.block_size + copied + num_new_tokens
         return -(-covered // self.block_size) - len(req.block_table) - len(hits)
 
-    def allocate_slots(self, req: Request, num_new_tokens: int, hits: Sequence[int] = ()) -> list[int] | None:
+    def allocate_slots(
+        self, req: Request, num_new_tokens: int, hits: Sequence[int] = (), copied: int = 0
+    ) -> list[int] | None:
         """Take the cached `hits` (from get_computed_blocks; they become computed tokens) and make
-        req's block table cover num_new_tokens more. Returns the new blocks, or None (and changes
-        nothing) when the pool cannot supply them."""
-        need = self.num_blocks_needed(req, num_new_tokens, hits)
+        req's block table cover num_new_tokens more. `copied`: tokens after the hits that the step
+        copies into req's first new block (partial_hit) and that count as computed. Returns the
+        new blocks, or None (and changes nothing) when the pool cannot supply them."""
+        need = self.num_blocks_needed(req, num_new_tokens, hits, copied)
         if need > 0 and need > self.pool.num_free_after_sharing(hits):
             return None
         if hits:
@@ -59,6 +85,7 @@ class KVCacheManager:
             req.block_table.extend(hits)
             req.num_computed_tokens += len(hits) * self.block_size
             req.num_hashed_blocks = len(req.block_table)
+        req.num_computed_tokens += copied
         if need <= 0:
             return []
         blocks = self.pool.allocate(need)
@@ -78,9 +105,11 @@ class KVCacheManager:
         if full <= req.num_hashed_blocks or full > len(req.block_table):
             return
         _hash_blocks(req, full, self.block_size)
-        table, hashes, cache = req.block_table, req.block_hashes, self.pool.cache_block
+        table, hashes, cache, bs = req.block_table, req.block_hashes, self.pool.cache_block, self.block_size
         for i in range(req.num_hashed_blocks, full):
-            cache(table[i], hashes[i])
+            cache(
+                table[i], hashes[i], hashes[i - 1] if i else _root(req), req.token_ids[i * bs : (i + 1) * bs]
+            )
         req.num_hashed_blocks = full
 
     def share_prefix(self, source: Request, target: Request, num_blocks: int) -> None:

@@ -32,7 +32,7 @@ class SchedulerOutput:
     __slots__ = (
         "requests", "starts", "num_tokens", "samples", "preempted", "failed", "released_request_ids",
         "num_scheduled_tokens", "num_decode_tokens", "num_prefix_hit_tokens", "step_index",
-        "slots", "epochs", "batch", "constrained", "_arrays",
+        "slots", "epochs", "batch", "constrained", "kv_copies", "_arrays",
     )  # fmt: skip
 
     def __init__(self, rows: Iterable[tuple[Request, int, bool]] = (), **fields):
@@ -50,6 +50,9 @@ class SchedulerOutput:
         self.released_request_ids: list[str] = fields.pop("released_request_ids", [])
         self.num_decode_tokens = 0  # rows computing one token past the prompt
         self.num_prefix_hit_tokens = 0  # tokens newly served from the prefix cache at admission
+        # (source block, destination block, tokens): the leading slots of a cached block a row
+        # shares, copied before the step writes any KV (the source is still intact then)
+        self.kv_copies: list[tuple[int, int, int]] = []
         self.step_index = fields.pop("step_index", 0)
         # set by the Scheduler: each row's slot in its RunningBatch, and the slot's epoch then
         self.slots: list[int] | None = None
@@ -384,15 +387,20 @@ class Scheduler:
             if self.long_rope_after is not None and not req.long_rope and req.generates:
                 self._choose_rope(req)
             hits = self.kv.get_computed_blocks(req)  # stop short of a row whose logits are needed
-            hit_tokens = len(hits) * bs
+            source, copied = self.kv.partial_hit(req, hits)  # and the next block's shared tokens
+            hit_tokens = len(hits) * bs + copied
             n = min(req.num_remaining_tokens - hit_tokens, budget)
-            if self.kv.allocate_slots(req, n, hits) is None:
+            if self.kv.allocate_slots(req, n, hits, copied) is None:
                 # Waiting scoring children may hold shared blocks; with nothing running they
                 # are all that stands in the way, and the head always fits the cache alone.
                 if self.running or not self._reclaim_from_waiting():
                     return
                 continue
             self.waiting.popleft()
+            if copied:
+                out.kv_copies.append(
+                    (source, req.block_table[(req.num_computed_tokens - copied) // bs], copied)
+                )
             if hit_tokens:
                 if not req.admitted:
                     req.num_cached_tokens = hit_tokens

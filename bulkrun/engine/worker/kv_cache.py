@@ -62,6 +62,13 @@ class KVCache:
     def from_budget(cls, cfg: ModelConfig, budget_bytes: int, block_size: int, dtype, device) -> KVCache:
         return cls(cfg, budget_bytes // bytes_per_block(cfg, block_size, dtype), block_size, dtype, device)
 
+    def copy_slots(self, copies: list[tuple[int, int, int]]) -> None:
+        """(source block, destination block, n): the source's first n slots into the destination's,
+        every layer's keys and values (a prompt sharing a cached block's leading tokens)."""
+        for source, destination, n in copies:
+            if source != destination:
+                self.data[:, :, destination, :n] = self.data[:, :, source, :n]
+
     def ensure_resident(self, newest_block: int) -> None:
         """Map, in bulk, the pages of every block up to `newest_block` (the highest a step writes)
         and a margin past it, unless they are already. The pool hands never-used blocks out in

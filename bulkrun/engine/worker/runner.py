@@ -112,6 +112,7 @@ class ModelRunner:
             return StepHandle(result)
         inputs = self.builder.build(out, self._prev_rows)
         self._map_kv_pages(inputs.metadata.slot_mapping)
+        self.kv_cache.copy_slots(out.kv_copies)  # before this step writes any KV
         inputs = self._to_device(inputs)
         self._place_pending_inputs(inputs)
         requests = inputs.sample_requests
