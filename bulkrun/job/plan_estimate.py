@@ -286,13 +286,12 @@ class PlanEstimate:
         return asdict(self)
 
 
-def cacheable_prefix(prompts: PromptTokenStats, block_size: int) -> int:
-    """Prompt tokens of the shared prefix the engine can serve from its cache: whole blocks only, and
-    never the last token of the shortest prompt."""
+def cacheable_prefix(prompts: PromptTokenStats) -> int:
+    """Prompt tokens of the shared prefix the engine can serve from its cache (whole blocks, then a
+    block's leading tokens by copy), never the last token of the shortest prompt."""
     if prompts.count == 0:
         return 0
-    usable = min(prompts.shared_prefix_len, min(prompts.lengths) - 1)
-    return max(usable, 0) // block_size * block_size
+    return max(min(prompts.shared_prefix_len, min(prompts.lengths) - 1), 0)
 
 
 def estimate_plan(inputs: PlanInputs) -> PlanEstimate:
@@ -300,7 +299,7 @@ def estimate_plan(inputs: PlanInputs) -> PlanEstimate:
     good = prompts.count
     errors = sum(inputs.errors_by_kind.values())
     requests = good * n
-    cached = cacheable_prefix(prompts, inputs.block_size) if inputs.prefix_cache else 0
+    cached = cacheable_prefix(prompts) if inputs.prefix_cache else 0
     saved = cached * max(requests - max(inputs.workers, 1), 0)
     bound = requests * inputs.max_tokens
     generated = None
@@ -369,7 +368,9 @@ def _kv_bytes(inputs: PlanInputs, generated: int | None, cached: int) -> tuple[i
     mean_generated = generated / requests if generated is not None else inputs.max_tokens
     mean_request = _blocks(math.ceil(prompts.total / prompts.count + mean_generated), block) * block
     running = min(inputs.max_seqs or requests, requests)
-    shared = cached * (running - 1)  # the prefix blocks are held once, not per request
+    shared = (
+        cached // block * block * (running - 1)
+    )  # the prefix's whole blocks are held once, not per request
     return largest, max(running * mean_request - shared, 0) * per_token
 
 

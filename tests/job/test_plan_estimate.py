@@ -49,10 +49,10 @@ def test_shared_prefix_shrinks_to_what_all_prompts_share():
     assert s.shared_prefix_len == 0
 
 
-def test_cacheable_prefix_is_whole_blocks_and_never_a_whole_prompt():
-    assert cacheable_prefix(stats(job_prompts([50, 60])), 16) == 32  # 40 shared -> two blocks of 16
-    assert cacheable_prefix(stats([list(range(32)), list(range(40))]), 16) == 16  # 32 is a whole prompt
-    assert cacheable_prefix(stats([]), 16) == 0
+def test_cacheable_prefix_is_the_shared_tokens_but_never_a_whole_prompt():
+    assert cacheable_prefix(stats(job_prompts([50, 60]))) == 40  # two blocks of 16 and 8 tokens copied
+    assert cacheable_prefix(stats([list(range(32)), list(range(40))])) == 31  # 32 is a whole prompt
+    assert cacheable_prefix(stats([])) == 0
 
 
 def test_plan_figures_from_a_sample():
@@ -81,12 +81,12 @@ def test_plan_figures_from_a_sample():
         "p99": 100,
         "max": 100,
     }
-    assert plan.prefix_cache_saved_tokens == 32 * 99
+    assert plan.prefix_cache_saved_tokens == 40 * 99  # two blocks and 8 tokens copied
     assert (plan.generated_tokens_bound, plan.generated_tokens_estimate) == (6400, 2000)
     assert plan.engine_tokens_per_s == pytest.approx((550 - 288 + 200) / 4.62)
-    assert plan.wall_seconds_estimate == pytest.approx((5500 - 3168 + 2000) / plan.engine_tokens_per_s)
+    assert plan.wall_seconds_estimate == pytest.approx((5500 - 3960 + 2000) / plan.engine_tokens_per_s)
     assert plan.kv_bytes_largest_request == 176 * 100  # 100 + 64 tokens -> 11 blocks of 16
-    # 8 running requests of mean 55 prompt + 20 generated = 75 -> 80 slots, the 32 prefix slots held once
+    # 8 running requests of mean 55 prompt + 20 generated = 75 -> 80 slots, the prefix's 2 blocks held once
     assert plan.kv_bytes_full_batch == (8 * 80 - 7 * 32) * 100
     [cost] = plan.costs
     assert cost["usd"] == pytest.approx((5500 * 1.0 + 2000 * 2.0) / 1e6)
@@ -101,10 +101,10 @@ def test_workers_divide_the_time_and_each_computes_the_prefix_once():
     )
     one = estimate_plan(PlanInputs(prompts, {}, max_tokens=16, sample=sample))
     four = estimate_plan(PlanInputs(prompts, {}, max_tokens=16, sample=sample, workers=4))
-    assert one.prefix_cache_saved_tokens - four.prefix_cache_saved_tokens == 32 * 3
+    assert one.prefix_cache_saved_tokens - four.prefix_cache_saved_tokens == 40 * 3
     rate = (192 + 40) / 2.0
-    assert one.wall_seconds_estimate == pytest.approx((1920 - 32 * 39 + 400) / rate)
-    assert four.wall_seconds_estimate == pytest.approx((1920 - 32 * 36 + 400) / rate / 4)
+    assert one.wall_seconds_estimate == pytest.approx((1920 - 40 * 39 + 400) / rate)
+    assert four.wall_seconds_estimate == pytest.approx((1920 - 40 * 36 + 400) / rate / 4)
 
 
 def test_without_a_sample_only_bounds_are_given():
@@ -152,7 +152,7 @@ def test_format_plan_names_every_figure():
     for needle in (
         "rows              2 (2 good; bad rows: none)",
         "prompt tokens     100 (p50 50",
-        "prefix cache saves 32",
+        "prefix cache saves 40",
         "about 20 (sample)",
         "120.0 engine tokens/s",
         "wall time         about 1 s",
