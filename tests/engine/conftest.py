@@ -30,6 +30,7 @@ def make_scheduler():
             eos_token_ids=eos,
             long_rope_after=long_rope_after,
         )
+        runner.in_flight = sched.kv.in_flight
         return sched, runner
 
     return build
@@ -43,7 +44,7 @@ def make_engine(request):
         runner = FakeRunner(num_blocks, block_size, max_model_len, eos, long_rope_after)
         config.setdefault("async_scheduling", request.param)
         engine = Engine(runner, EngineConfig(block_size=block_size, **config))
-        runner.pool = engine.pool
+        runner.pool, runner.in_flight = engine.pool, engine.scheduler.kv.in_flight
         return engine, runner
 
     return build

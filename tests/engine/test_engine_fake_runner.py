@@ -207,7 +207,7 @@ def test_max_model_len_from_config_caps_the_model(make_engine):
     from bulkrun.engine.core.engine import Engine
 
     capped = Engine(engine.runner, EngineConfig(block_size=4, max_model_len=6))
-    engine.runner.pool = capped.pool
+    engine.runner.pool, engine.runner.in_flight = capped.pool, capped.scheduler.kv.in_flight
     out = capped.generate([gen("c", [1, 2, 3], max_tokens=50)])[0]
     assert capped.max_model_len == 6 and out.output_token_ids == [4, 5, 6] and out.finish_reason == "length"
 
@@ -267,7 +267,7 @@ def test_async_scheduling_gives_the_same_results_under_memory_pressure():
         runner = FakeRunner(num_blocks=16, block_size=4)
         engine = Engine(runner, EngineConfig(block_size=4, max_num_batched_tokens=12, max_num_seqs=6,
                                              async_scheduling=flag))  # fmt: skip
-        runner.pool = engine.pool
+        runner.pool, runner.in_flight = engine.pool, engine.scheduler.kv.in_flight
         steps = []
         outs = list(engine.stream(requests, on_step=steps.append))
         assert sum(s.num_preempted for s in steps) > 0  # the pool really was too small

@@ -218,6 +218,37 @@ def test_a_copied_source_block_may_be_reused_in_the_same_step(make_scheduler, re
     assert b.output_token_ids == reference_generation(list(range(40, 48)), 2)
 
 
+def test_a_request_admitted_with_another_shares_the_blocks_that_step_fills(make_scheduler):
+    sched, runner = make_scheduler(block_size=4, budget=64)
+    first = sched.add_request(gen("first", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], max_tokens=2))
+    second = sched.add_request(gen("second", [1, 2, 3, 4, 5, 6, 7, 8, 30], max_tokens=2))
+    out, _ = step(sched, runner)
+    # first fills blocks 0 and 1 in this step; second takes them as computed and writes only its own
+    # last token: every row's KV is written before any attention reads it
+    assert chunks(out) == [("first", 10, True), ("second", 1, True)]
+    assert second.block_table[:2] == first.block_table[:2] and second.num_cached_tokens == 8
+    assert [runner.pool.ref_counts[b] for b in first.block_table[:2]] == [2, 2]
+    run_to_completion(sched, runner)  # the fake runner checks every token's KV
+    assert first.output_token_ids == reference_generation([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 2)
+    assert second.output_token_ids == reference_generation([1, 2, 3, 4, 5, 6, 7, 8, 30], 2)
+
+
+def test_blocks_in_flight_are_those_this_step_fills(make_scheduler):
+    sched, runner = make_scheduler(block_size=4, budget=8)
+    first = sched.add_request(gen("first", list(range(1, 13)), max_tokens=2))
+    second = sched.add_request(gen("second", list(range(1, 13)) + [40], max_tokens=2))
+    out, _ = step(sched, runner)  # 8 of first's tokens: blocks 0 and 1 filled
+    assert chunks(out) == [("first", 8, False)]
+    assert sorted(sched.kv.in_flight.values()) == sorted(first.block_table[:2])
+    out, _ = step(sched, runner)  # first fills block 2; second takes blocks 0-1 (cached) and 2 (in flight)
+    assert chunks(out) == [("first", 4, True), ("second", 1, True)]
+    assert list(sched.kv.in_flight.values())[:1] == [first.block_table[2]]
+    assert second.block_table[:3] == first.block_table[:3] and second.num_cached_tokens == 12
+    run_to_completion(sched, runner)
+    assert first.output_token_ids == reference_generation(list(range(1, 13)), 2)
+    assert second.output_token_ids == reference_generation(list(range(1, 13)) + [40], 2)
+
+
 def test_prefix_cache_off_recomputes_everything(make_scheduler):
     sched, runner = make_scheduler(block_size=4, budget=64, caching=False)
     sched.add_request(gen("first", range(1, 10), max_tokens=1))

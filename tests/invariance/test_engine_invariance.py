@@ -1,7 +1,7 @@
 """A request's tokens and log-probabilities are the same bits alone, in batches of other sizes and
 compositions, under other token budgets (other prompt chunks), after a preemption and after a
-prefix-cache hit (whole blocks, and a block's leading tokens copied): bf16 and fp32, the native CPU
-kernels and the reference."""
+prefix-cache hit (whole blocks, blocks another row of the step fills, and a block's leading tokens
+copied): bf16 and fp32, the native CPU kernels and the reference."""
 
 from __future__ import annotations
 
@@ -70,10 +70,12 @@ def test_same_bits_in_any_batch(model_dir, dtype, kernels):
     alone = {}
     for i in range(len(prompts)):  # each request alone, its prompt in one chunk, no cache
         alone.update(_run(model_dir, prompts, [i], enable_prefix_caching=False, **base))
-    runs = {
-        "all together": _run(model_dir, prompts, **base),
-        "reversed, 3 at a time": _run(model_dir, prompts, order=list(range(8))[::-1], max_num_seqs=3, **base),
-    }
+    runs = {"all together": _run(model_dir, prompts, **base)}
+    # admitted in one step, the later sharers take the first one's prefix blocks as it fills them
+    assert CACHED["last"].count(32) == 3
+    runs["reversed, 3 at a time"] = _run(
+        model_dir, prompts, order=list(range(8))[::-1], max_num_seqs=3, **base
+    )
     # the later sharers take the 40-token prefix from the cache: 2 blocks and 8 tokens copied
     assert 40 in CACHED["last"]
     runs |= {

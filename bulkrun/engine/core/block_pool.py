@@ -144,13 +144,18 @@ class BlockPool:
                 del self._evictable[block]
             self.ref_counts[block] += 1
 
-    def lookup_prefix(self, block_hashes: Sequence[int]) -> list[int]:
-        """Cached blocks for the longest leading run of `block_hashes`; references unchanged."""
+    def lookup_prefix(
+        self, block_hashes: Sequence[int], in_flight: dict[int, int] | None = None
+    ) -> list[int]:
+        """Cached blocks for the longest leading run of `block_hashes`, a run that may go on in
+        `in_flight` (hash -> block: blocks the step being scheduled fills); references unchanged."""
         if not self.enable_prefix_caching:
             return []
         hits = []
         for h in block_hashes:
             block = self._cached.get(h)
+            if block is None and in_flight:
+                block = in_flight.get(h)
             if block is None:
                 break
             hits.append(block)

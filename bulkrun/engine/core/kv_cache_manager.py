@@ -30,6 +30,11 @@ class KVCacheManager:
         self.pool = pool
         self.block_size = pool.block_size
         self.caching = pool.enable_prefix_caching
+        # hash -> block: full blocks of known tokens that the step being scheduled fills (note_in_flight).
+        # A later row of the same step may take them as computed: every row's KV is written before
+        # any row's attention reads the cache, layer by layer, so its attention finds them. Cleared
+        # in place by the scheduler at each step.
+        self.in_flight: dict[int, int] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -45,7 +50,19 @@ class KVCacheManager:
         if stop <= start:
             return []
         _hash_blocks(req, stop, self.block_size)
-        return self.pool.lookup_prefix(req.block_hashes[start:stop])
+        return self.pool.lookup_prefix(req.block_hashes[start:stop], self.in_flight)
+
+    def note_in_flight(self, req: Request, end: int) -> None:
+        """req's rows in this step compute its tokens up to `end`: offer the full blocks of known
+        tokens among them, not yet in the prefix cache, to the requests admitted after it."""
+        if not self.caching:
+            return
+        full = min(end, len(req.token_ids)) // self.block_size
+        if full <= req.num_hashed_blocks:
+            return
+        _hash_blocks(req, full, self.block_size)
+        for i in range(req.num_hashed_blocks, full):
+            self.in_flight.setdefault(req.block_hashes[i], req.block_table[i])
 
     def partial_hit(self, req: Request, hits: Sequence[int]) -> tuple[int, int]:
         """(block, n) after the full `hits`: a cached block whose first n tokens are req's next n,

@@ -231,6 +231,7 @@ class Scheduler:
         out = SchedulerOutput(failed=self._failed, released_request_ids=self._released_ids, step_index=step)
         out.slots, out.batch = [], self.batch
         self._failed, self._released_ids = [], []
+        self.kv.in_flight.clear()
         for req, why in out.failed:
             self._finish(req, "error", error=why)
         if self.long_rope_after is not None and self.running:
@@ -322,6 +323,7 @@ class Scheduler:
         out.add(req, start, n, sample)
         out.slots.append(req.slot)
         req.num_computed_tokens = start + n
+        self.kv.note_in_flight(req, start + n)  # the blocks it fills: later admissions may share them
         self.batch.scheduled_in_step[req.slot] = out.step_index
         if sample:
             req.num_pending_tokens += 1
