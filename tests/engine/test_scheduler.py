@@ -270,8 +270,10 @@ def test_scoring_parent_computes_the_whole_prompt_and_forks_only_longer_continua
         assert [c.request_id for c in parent.scoring.children] == ["p::cont1", "p::cont2"]
         assert parent.status is RequestStatus.FORKED
         out, finished = step(sched, runner)
-        # each child recomputes the partial block (2 tokens) and its continuation but the last
-        assert chunks(out) == [("p::cont1", 4, False), ("p::cont2", 3, False)]
+        # each child gets the partial block's 2 tokens copied and computes its continuation but
+        # the last, with or without the prefix cache
+        assert chunks(out) == [("p::cont1", 2, False), ("p::cont2", 1, False)]
+        assert [n for _, _, n in out.kv_copies] == [2, 2]
         assert finished == [parent] and parent.finish_reason == "scored"
         assert parent.continuation_logprobs() == [reference_scores(prompt, c) for c in conts]
         assert runner.pool.num_used_blocks == 0
@@ -296,7 +298,7 @@ def test_chunked_scoring_parent_scores_first_tokens_with_its_last_chunk(make_sch
     parent = sched.add_request(EngineRequest("p", prompt, continuations=[[40], [41, 42]]))
     finished = run_to_completion(sched, runner)
     assert [s[0] for s in runner.steps] == [("p", 0, 4, False), ("p", 4, 4, False), ("p", 8, 2, False)] + [
-        ("p::cont1", 8, 3, False)
+        ("p::cont1", 10, 1, False)  # the partial block's 2 tokens copied, then 42 scored from 41's row
     ]
     assert finished == [parent]
     assert parent.continuation_logprobs() == [
@@ -311,10 +313,12 @@ def test_scoring_fork_holds_shared_full_blocks_by_refcount(make_scheduler):
     parent = sched.add_request(EngineRequest("p", prompt, continuations=[[40, 1], [41, 2], [42]]))
     step(sched, runner)  # parent computes the whole prompt, then forks two children
     a, b = parent.scoring.children
-    assert a.block_table == b.block_table and len(a.block_table) == 2
-    assert all(runner.pool.ref_counts[blk] == 2 for blk in a.block_table)
-    assert runner.pool.num_used_blocks == 2  # the parent's partial block went back
-    assert a.num_computed_tokens == 8 and a.scoring.score_start == 11
+    assert a.block_table[:2] == b.block_table[:2] and len(a.block_table) == 3
+    assert all(runner.pool.ref_counts[blk] == 2 for blk in a.block_table[:2])
+    # the parent's partial block went back; each child holds a block of its own, its 2 tokens
+    # copied by the next step
+    assert a.block_table[2] != b.block_table[2] and runner.pool.num_used_blocks == 4
+    assert a.num_computed_tokens == 10 and a.scoring.score_start == 11
     run_to_completion(sched, runner)
     assert parent.continuation_logprobs() == [reference_scores(prompt, c) for c in ([40, 1], [41, 2], [42])]
 
@@ -329,13 +333,26 @@ def test_block_aligned_scoring_prompt_children_compute_only_their_continuation(m
     assert parent.continuation_logprobs() == [reference_scores(prompt, [7, 8, 9])]
 
 
-def test_short_scoring_prompt_child_recomputes_the_prompt(make_scheduler):
+def test_a_child_forked_with_no_free_block_recomputes_the_partial_block(make_scheduler):
+    sched, runner = make_scheduler(num_blocks=3, block_size=4, budget=16, caching=False)
+    prompt = list(range(1, 11))  # 2 full blocks and a partial one: the pool's 3 blocks
+    parent = sched.add_request(EngineRequest("p", prompt, continuations=[[40, 41], [42, 43]]))
+    step(sched, runner)
+    a, b = parent.scoring.children
+    # the parent's partial block was still held while the children were given theirs: none left
+    assert len(a.block_table) == 2 and a.num_computed_tokens == 8
+    finished = run_to_completion(sched, runner)  # they recompute tokens 8 and 9 (the KV is checked)
+    assert finished == [parent]
+    assert parent.continuation_logprobs() == [reference_scores(prompt, c) for c in ([40, 41], [42, 43])]
+
+
+def test_short_scoring_prompt_child_copies_the_prompt(make_scheduler):
     sched, runner = make_scheduler(block_size=4)
     parent = sched.add_request(EngineRequest("p", [1, 2, 3], continuations=[[7, 8]]))
     out, _ = step(sched, runner)
     assert chunks(out) == [("p", 3, False)]
-    out, _ = step(sched, runner)
-    assert chunks(out) == [("p::cont0", 4, False)]
+    out, _ = step(sched, runner)  # the prompt's 3 tokens copied from the parent's only block
+    assert chunks(out) == [("p::cont0", 1, False)] and [n for _, _, n in out.kv_copies] == [3]
     assert parent.continuation_logprobs() == [reference_scores([1, 2, 3], [7, 8])]
 
 

@@ -35,6 +35,9 @@ class KVCacheManager:
         # any row's attention reads the cache, layer by layer, so its attention finds them. Cleared
         # in place by the scheduler at each step.
         self.in_flight: dict[int, int] = {}
+        # (source block, destination block, tokens) decided between steps (copy_partial_block), for
+        # the next step to run before its KV writes
+        self.pending_copies: list[tuple[int, int, int]] = []
 
     @property
     def num_free_blocks(self) -> int:
@@ -44,8 +47,8 @@ class KVCacheManager:
         """Cached blocks that extend req's computed prefix (references unchanged). Capped so that
         every token whose logits are needed (the last one when generating, the scored ones) is
         recomputed."""
-        if not self.caching:
-            return []
+        if not self.caching or req.num_computed_tokens != len(req.block_table) * self.block_size:
+            return []  # (a block partly computed, as a forked child's copied one, ends the prefix)
         start, stop = len(req.block_table), req.num_tokens_without_logits // self.block_size
         if stop <= start:
             return []
@@ -128,6 +131,23 @@ class KVCacheManager:
                 table[i], hashes[i], hashes[i - 1] if i else _root(req), req.token_ids[i * bs : (i + 1) * bs]
             )
         req.num_hashed_blocks = full
+
+    def copy_partial_block(self, source: Request, target: Request, num_tokens: int) -> None:
+        """target holds source's first blocks up to the block in which source's computed tokens end:
+        give it a block of its own holding that block's first num_tokens (at most what target
+        may take without logits), copied by the next step. Nothing when no block is free: target
+        then computes them."""
+        bs = self.block_size
+        start = len(target.block_table) * bs
+        n = min(num_tokens, target.num_tokens_without_logits - start)
+        if n <= 0 or target.num_computed_tokens != start:
+            return
+        blocks = self.pool.allocate(1)
+        if blocks is None:
+            return
+        self.pending_copies.append((source.block_table[len(target.block_table)], blocks[0], n))
+        target.block_table.extend(blocks)
+        target.num_computed_tokens += n
 
     def share_prefix(self, source: Request, target: Request, num_blocks: int) -> None:
         """Give target (holding nothing) source's first num_blocks blocks as its computed prefix."""

@@ -232,6 +232,7 @@ class Scheduler:
         out.slots, out.batch = [], self.batch
         self._failed, self._released_ids = [], []
         self.kv.in_flight.clear()
+        out.kv_copies, self.kv.pending_copies = self.kv.pending_copies, []  # forks' copies first
         for req, why in out.failed:
             self._finish(req, "error", error=why)
         if self.long_rope_after is not None and self.running:
@@ -424,11 +425,15 @@ class Scheduler:
     def _fork(self, parent: Request) -> None:
         """The parent's full blocks now hold the prompt prefix: hand them to the children (by
         reference count, independent of the prefix cache) and queue the children first. The
-        partial last block is the parent's alone and is freed; each child recomputes it."""
-        full = parent.num_computed_tokens // self.block_size
+        partial last block is the parent's alone and is freed; each child gets a block of its own
+        with that block's tokens copied into it by the next step, before anything can overwrite
+        the freed one (steps write KV only after their copies)."""
+        full, partial = divmod(parent.num_computed_tokens, self.block_size)
         children = parent.scoring.children
         for child in children:
             self.kv.share_prefix(parent, child, full)
+            if partial:
+                self.kv.copy_partial_block(parent, child, partial)
         self.kv.free(parent)
         self.batch.remove(parent)
         parent.status = RequestStatus.FORKED
