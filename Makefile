@@ -43,6 +43,7 @@ bench: install
 	$(BIN)/python bench/precision_bench.py
 	$(BIN)/python bench/startup_bench.py
 	$(BIN)/python bench/classify_bench.py
+	$(BIN)/python bench/prefix_sharing_bench.py
 	$(BIN)/python bench/job_bench.py
 	$(BIN)/python bench/plan_bench.py
 	$(BIN)/python bench/constrained_throughput.py

@@ -95,10 +95,11 @@ def calibrate(base, task, tokenizer) -> None:
 def run_counted(engine: Engine, requests: list) -> tuple[list, dict]:
     """The outputs in request order, and the engine's figures over the run (one RunStats, fed
     by the engine loop's per-step callback)."""
-    stats = RunStats()
+    stats, hits = RunStats(), engine.scheduler.num_prefix_hit_tokens
     by_id = {o.request_id: o for o in engine.stream(requests, on_step=stats.on_step)}
     figures = {"scheduled_tokens": stats.scheduled_tokens, "steps": stats.steps,
-               "mean_running_batch": stats.running_sum / max(stats.steps, 1)}  # fmt: skip
+               "mean_running_batch": stats.running_sum / max(stats.steps, 1),
+               "prefix_cache_hit_tokens": engine.scheduler.num_prefix_hit_tokens - hits}  # fmt: skip
     return [by_id[r.request_id] for r in requests], figures
 
 
