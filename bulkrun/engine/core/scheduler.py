@@ -50,8 +50,9 @@ class SchedulerOutput:
         self.released_request_ids: list[str] = fields.pop("released_request_ids", [])
         self.num_decode_tokens = 0  # rows computing one token past the prompt
         self.num_prefix_hit_tokens = 0  # tokens newly served from the prefix cache at admission
-        # (source block, destination block, tokens): the leading slots of a cached block a row
-        # shares, copied before the step writes any KV (the source is still intact then)
+        # (source block, destination block, tokens): the leading slots of a block a request shares
+        # (a cached block, or a forked scoring parent's last one), copied before the step writes
+        # any KV (the source is still intact then)
         self.kv_copies: list[tuple[int, int, int]] = []
         self.step_index = fields.pop("step_index", 0)
         # set by the Scheduler: each row's slot in its RunningBatch, and the slot's epoch then

@@ -64,7 +64,8 @@ class KVCache:
 
     def copy_slots(self, copies: list[tuple[int, int, int]]) -> None:
         """(source block, destination block, n): the source's first n slots into the destination's,
-        every layer's keys and values (a prompt sharing a cached block's leading tokens)."""
+        every layer's keys and values (a prompt sharing a cached block's leading tokens, a scoring
+        child its parent's last block)."""
         for source, destination, n in copies:
             if source != destination:
                 self.data[:, :, destination, :n] = self.data[:, :, source, :n]
