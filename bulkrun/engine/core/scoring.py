@@ -4,8 +4,8 @@ log-probabilities themselves are computed by bulkrun.engine.worker.score_logprob
 
 A scoring request ("parent") computes its whole prompt; its last prompt row scores every
 continuation's first token. Each continuation longer than one token gets a child request (prompt +
-continuation) that starts from the parent's full blocks and scores cont[1:]. The parent finishes
-when its last child does.
+continuation) that starts from the parent's full blocks, and a copy of its last partial one, and
+scores cont[1:]. The parent finishes when its last child does.
 
 Fixed points: the scheduler calls `start_scoring` when a scoring request arrives and `apply_results`
 when a step's results land; the step-input builder calls `score_rows` per scheduled chunk and the
