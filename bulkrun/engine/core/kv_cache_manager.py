@@ -47,8 +47,8 @@ class KVCacheManager:
         """Cached blocks that extend req's computed prefix (references unchanged). Capped so that
         every token whose logits are needed (the last one when generating, the scored ones) is
         recomputed."""
-        if not self.caching or req.num_computed_tokens != len(req.block_table) * self.block_size:
-            return []  # (a block partly computed, as a forked child's copied one, ends the prefix)
+        if not self.caching or not self._computed_to_table_end(req):
+            return []
         start, stop = len(req.block_table), req.num_tokens_without_logits // self.block_size
         if stop <= start:
             return []
@@ -71,10 +71,10 @@ class KVCacheManager:
         """(block, n) after the full `hits`: a cached block whose first n tokens are req's next n,
         for the step to copy (allocate_slots(..., copied=n)); (-1, 0) when there is none. Capped as
         get_computed_blocks is; only where req's computed tokens end on a block boundary."""
+        if not self.caching or not self._computed_to_table_end(req):
+            return -1, 0
         table, bs = len(req.block_table) + len(hits), self.block_size
         start = table * bs
-        if not self.caching or req.num_computed_tokens != len(req.block_table) * bs:
-            return -1, 0
         limit = min(bs - 1, req.num_tokens_without_logits - start)
         if limit <= 0:
             return -1, 0
@@ -137,10 +137,11 @@ class KVCacheManager:
         give it a block of its own holding that block's first num_tokens (at most what target
         may take without logits), copied by the next step. Nothing when no block is free: target
         then computes them."""
-        bs = self.block_size
-        start = len(target.block_table) * bs
+        if not self._computed_to_table_end(target):
+            return
+        start = len(target.block_table) * self.block_size
         n = min(num_tokens, target.num_tokens_without_logits - start)
-        if n <= 0 or target.num_computed_tokens != start:
+        if n <= 0:
             return
         blocks = self.pool.allocate(1)
         if blocks is None:
@@ -148,6 +149,11 @@ class KVCacheManager:
         self.pending_copies.append((source.block_table[len(target.block_table)], blocks[0], n))
         target.block_table.extend(blocks)
         target.num_computed_tokens += n
+
+    def _computed_to_table_end(self, req: Request) -> bool:
+        """Whether req's computed tokens fill its blocks: only then can hits or a copy follow them
+        (a block partly computed, as a forked child's copied one, ends its prefix)."""
+        return req.num_computed_tokens == len(req.block_table) * self.block_size
 
     def share_prefix(self, source: Request, target: Request, num_blocks: int) -> None:
         """Give target (holding nothing) source's first num_blocks blocks as its computed prefix."""
