@@ -1,12 +1,14 @@
-"""What this box can do at most, to read the engine's figures against: the bf16 dot-product peak of
-one core and of all of them (a register-only vdpbf16ps loop), DRAM read bandwidth (a sum over 1 GiB,
-one thread and all), and oneDNN's bf16 GEMM rate at 2048^3 (the figure the other benches divide by).
+"""What this box can do at most, to read the engine's figures against: the bf16 and int8 dot-product
+peaks of one core and of all of them (register-only vdpbf16ps and vpdpbusd loops: the bf16 linears
+and the LM head's int8 screen), DRAM read bandwidth (a sum over 1 GiB, one thread and all), and
+oneDNN's bf16 GEMM rate at 2048^3 (the figure the other benches divide by).
 
     python bench/box_ceilings.py
 
-The two loops are C, compiled here with the native kernels' compiler ($CXX, default c++) and
--march=native; where there is no compiler, or the CPU lacks AVX512-BF16 (AVX-512 for the read
-loop), that line says so and the rest still runs. Best of 5 runs each: noise only slows.
+The loops are C, compiled here with the native kernels' compiler ($CXX, default c++) and
+-march=native; where there is no compiler, or the CPU lacks AVX512-BF16 (AVX512-VNNI too for the
+int8 loop, AVX-512 for the read loop), that line says so and the rest still runs. Best of 5 runs
+each: noise only slows.
 """
 
 from __future__ import annotations
@@ -21,42 +23,51 @@ from workload import matmul_gflops
 
 from bulkrun_kernels import cpu_build
 
-# 12 independent accumulators: more than a dot product's latency times its issue rate, so the loop
-# runs at the issue rate; the loop count comes first on the command line
+# 24 independent accumulators: more than a dot product's latency times its issue rate (Zen 5:
+# ~6 cycles x 2 a cycle; 12 read 5-10% under it), so the loop runs at the issue rate. argv: loop
+# count, threads, and bf16 (vdpbf16ps: 32 products an instruction) or int8 (vpdpbusd: 64 byte
+# products). Prints GOP/s, two ops a product.
 PEAK = r"""
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <vector>
-static double run(long n) {
+static double run(long n, bool int8) {
   auto t0 = std::chrono::steady_clock::now();
-  __asm__ volatile(
-      "vpxord %%zmm0, %%zmm0, %%zmm0\n"
-      "1:\n"
-      "vdpbf16ps %%zmm0, %%zmm0, %%zmm1\n vdpbf16ps %%zmm0, %%zmm0, %%zmm2\n"
-      "vdpbf16ps %%zmm0, %%zmm0, %%zmm3\n vdpbf16ps %%zmm0, %%zmm0, %%zmm4\n"
-      "vdpbf16ps %%zmm0, %%zmm0, %%zmm5\n vdpbf16ps %%zmm0, %%zmm0, %%zmm6\n"
-      "vdpbf16ps %%zmm0, %%zmm0, %%zmm7\n vdpbf16ps %%zmm0, %%zmm0, %%zmm8\n"
-      "vdpbf16ps %%zmm0, %%zmm0, %%zmm9\n vdpbf16ps %%zmm0, %%zmm0, %%zmm10\n"
-      "vdpbf16ps %%zmm0, %%zmm0, %%zmm11\n vdpbf16ps %%zmm0, %%zmm0, %%zmm12\n"
-      "dec %0\n jnz 1b\n"
-      : "+r"(n)::"xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
-        "xmm11", "xmm12", "cc");
+  if (int8)
+    __asm__ volatile("vpxord %%zmm0, %%zmm0, %%zmm0\n1:\n" INT8_LOOP "dec %0\n jnz 1b\n"
+                     : "+r"(n)::CLOBBERS, "cc");
+  else
+    __asm__ volatile("vpxord %%zmm0, %%zmm0, %%zmm0\n1:\n" BF16_LOOP "dec %0\n jnz 1b\n"
+                     : "+r"(n)::CLOBBERS, "cc");
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 int main(int argc, char** argv) {
   const long n = atol(argv[1]);
   const int threads = atoi(argv[2]);
+  const bool int8 = strcmp(argv[3], "int8") == 0;
   std::vector<double> secs(threads);
   std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) pool.emplace_back([&, t] { secs[t] = run(n); });
+  for (int t = 0; t < threads; ++t) pool.emplace_back([&, t] { secs[t] = run(n, int8); });
   for (auto& th : pool) th.join();
   double slowest = 0;
   for (double s : secs) slowest = s > slowest ? s : slowest;
-  printf("%f\n", threads * n * 12.0 * 64.0 / slowest / 1e9);  // 64 flops per vdpbf16ps zmm
+  printf("%f\n", threads * n * 24.0 * (int8 ? 128.0 : 64.0) / slowest / 1e9);
 }
 """
+_DOTS = {"BF16_LOOP": "vdpbf16ps", "INT8_LOOP": "vpdpbusd"}
+PEAK = (
+    "".join(
+        f"#define {name} " + " ".join(f'"{insn} %%zmm0, %%zmm0, %%zmm{i}\\n"' for i in range(1, 25)) + "\n"
+        for name, insn in _DOTS.items()
+    )
+    + "#define CLOBBERS "
+    + ", ".join(f'"xmm{i}"' for i in range(25))
+    + "\n"
+    + PEAK
+)
 
 READ = r"""
 #include <immintrin.h>
@@ -116,13 +127,14 @@ def main() -> None:
     else:
         flags = cpu_build.cpu_flags()
         with tempfile.TemporaryDirectory() as tmp:
-            if "avx512_bf16" in flags:
-                peak = build(PEAK, "peak", Path(tmp))
-                one = best_of([str(peak), "100000000", "1"])
-                every = best_of([str(peak), "100000000", str(cores)])
-                print(f"bf16 dot-product peak: {one:6.1f} GFLOP/s on one core, {every:6.1f} on {cores}")
-            else:
-                print("bf16 dot-product peak: not measured (no avx512_bf16 here)")
+            peak = build(PEAK, "peak", Path(tmp)) if "avx512_bf16" in flags else None
+            for kind, flag, what in (("bf16", "avx512_bf16", "GFLOP/s"), ("int8", "avx512_vnni", "GOP/s ")):
+                if peak is None or flag not in flags:
+                    print(f"{kind} dot-product peak: not measured (no {flag} here)")
+                    continue
+                one = best_of([str(peak), "100000000", "1", kind])
+                every = best_of([str(peak), "100000000", str(cores), kind])
+                print(f"{kind} dot-product peak: {one:6.1f} {what} on one core, {every:6.1f} on {cores}")
             if "avx512f" in flags:
                 read = build(READ, "read", Path(tmp))
                 one = best_of([str(read), "1"], runs=1)
