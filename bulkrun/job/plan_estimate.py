@@ -368,9 +368,8 @@ def _kv_bytes(inputs: PlanInputs, generated: int | None, cached: int) -> tuple[i
     mean_generated = generated / requests if generated is not None else inputs.max_tokens
     mean_request = _blocks(math.ceil(prompts.total / prompts.count + mean_generated), block) * block
     running = min(inputs.max_seqs or requests, requests)
-    shared = (
-        cached // block * block * (running - 1)
-    )  # the prefix's whole blocks are held once, not per request
+    whole = cached // block * block  # the prefix's whole blocks are held once, not per request
+    shared = whole * (running - 1)
     return largest, max(running * mean_request - shared, 0) * per_token
 
 

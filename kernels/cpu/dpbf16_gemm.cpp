@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "bf16_gemm_args.h"
+#include "panel_prefetch.h"
 #include "vec_math.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
@@ -37,27 +38,18 @@ constexpr int64_t kRows = 6;   // rows per pass over a panel: 24 accumulators + 
 constexpr int64_t kRowChunk = 240;  // rows per sweep over all panels: their x stays in L2
 
 #ifdef BULKRUN_DPBF16
-// The share of the thread's next panel one pass over this panel pulls into cache, spread over its K
-// loop: at decode-sized M a panel's first pass would otherwise wait on DRAM with the FMAs idle.
-struct Prefetch {
-  const char* begin = nullptr;  // the share's first byte
-  int64_t lines = 0;            // 64-byte lines in the share
-};
-
 // rows R x blocks C of y: acc[r][c] lane j = sum over K pairs of x[r] . W[16 (nb + c) + j], in order
 template <int R, int C, typename Y>
 void tile(const bf16* x, int64_t ldx, const bf16* w, int64_t block_stride, int64_t pairs, const float* bias,
-          Y* y, int64_t ldy, int64_t cols, Prefetch pf) {
-  // lines [kp * step >> 8, (kp + 1) * step >> 8) at pair kp: each line once, evenly over the loop
-  const int64_t step = pairs == 0 ? 0 : pf.lines * 256 / pairs + (pf.lines * 256 % pairs != 0);  // K = 0: no loop
+          Y* y, int64_t ldy, int64_t cols, PanelPrefetch pf) {
+  const int64_t step = pf.step(pairs);
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   const int32_t* xr[R];
   for (int r = 0; r < R; ++r) xr[r] = reinterpret_cast<const int32_t*>(x + r * ldx);
   for (int64_t kp = 0; kp < pairs; ++kp) {
-    for (int64_t line = (kp * step) >> 8, end = std::min(pf.lines, ((kp + 1) * step) >> 8); line < end; ++line)
-      __builtin_prefetch(pf.begin + line * 64, 0, 2);
+    pf.issue(kp, step);
     __m512bh b[C];
     for (int c = 0; c < C; ++c)
       b[c] = (__m512bh)_mm512_loadu_si512(w + c * block_stride + kp * 2 * kCols);
@@ -89,15 +81,12 @@ void tile(const bf16* x, int64_t ldx, const bf16* w, int64_t block_stride, int64
 template <int C, typename Y>
 void rows_of_panel(int64_t rows, const bf16* x, int64_t ldx, const bf16* w, int64_t block_stride, int64_t pairs,
                    const float* bias, Y* y, int64_t ldy, int64_t cols, const bf16* next, int64_t next_bytes) {
-  const int64_t passes = (rows + kRows - 1) / kRows, lines = next ? (next_bytes + 63) / 64 : 0;
-  auto share = [&](int64_t pass) {
-    const int64_t first = lines * pass / passes;
-    return Prefetch{reinterpret_cast<const char*>(next) + first * 64, lines * (pass + 1) / passes - first};
-  };
+  const int64_t passes = (rows + kRows - 1) / kRows;
+  auto share = [&](int64_t pass) { return PanelPrefetch::share(next, next_bytes, pass, passes); };
   int64_t m = 0;
   for (; m + kRows <= rows; m += kRows)
     tile<kRows, C>(x + m * ldx, ldx, w, block_stride, pairs, bias, y + m * ldy, ldy, cols, share(m / kRows));
-  const Prefetch last = share(m / kRows);
+  const PanelPrefetch last = share(m / kRows);
   switch (rows - m) {  // the same per-row instructions on fewer rows
     case 1: tile<1, C>(x + m * ldx, ldx, w, block_stride, pairs, bias, y + m * ldy, ldy, cols, last); break;
     case 2: tile<2, C>(x + m * ldx, ldx, w, block_stride, pairs, bias, y + m * ldy, ldy, cols, last); break;

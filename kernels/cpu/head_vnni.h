@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "panel_prefetch.h"
 #include "vec_math.h"
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
@@ -59,20 +60,13 @@ inline I16 dot_bytes(I16 acc, I16 u, I16 q) {
                                                      __builtin_bit_cast(__m512i, q)));
 }
 
-// rows r0 .. r0 + R of approx for blocks nb .. nb + C (cols tokens from 16 nb)
-// A share of the next panel's weights for one tile to pull into cache, spread over its loop (as
-// dpbf16_gemm.cpp's tiles do): without it each panel's first tile waits on DRAM with the dot
-// products idle, and the screen ran at half their rate.
-struct VnniPrefetch {
-  const char* begin = nullptr;
-  int64_t lines = 0;
-};
-
+// rows r0 .. r0 + R of approx for blocks nb .. nb + C (cols tokens from 16 nb); pf: this tile's share
+// of the thread's next panel (without it each panel's first tile waited on DRAM, and the screen ran
+// at half the vpdpbusd rate)
 template <int R, int C>
 void vnni_tile(const VnniRows& x, const VnniWeights& w, int64_t r0, int64_t nb, int64_t cols, uint16_t* approx,
-               int64_t ldc, VnniPrefetch pf) {
-  // lines [p * step >> 8, (p + 1) * step >> 8) at quad p: each line once, evenly over the loop
-  const int64_t step = pf.lines * 256 / x.kq + (pf.lines * 256 % x.kq != 0);
+               int64_t ldc, PanelPrefetch pf) {
+  const int64_t step = pf.step(x.kq);
   const int64_t block_bytes = x.kq * 64;
   const int8_t* wb = w.packed + nb * block_bytes;
   I16 acc[R][C];
@@ -81,8 +75,7 @@ void vnni_tile(const VnniRows& x, const VnniWeights& w, int64_t r0, int64_t nb, 
   const int32_t* u[R];
   for (int r = 0; r < R; ++r) u[r] = reinterpret_cast<const int32_t*>(x.u + (r0 + r) * x.kq * 4);
   for (int64_t p = 0; p < x.kq; ++p) {
-    for (int64_t line = (p * step) >> 8, end = std::min(pf.lines, ((p + 1) * step) >> 8); line < end; ++line)
-      __builtin_prefetch(pf.begin + line * 64, 0, 2);
+    pf.issue(p, step);
     I16 b[C];
     for (int c = 0; c < C; ++c) b[c] = __builtin_bit_cast(I16, _mm512_loadu_si512(wb + c * block_bytes + p * 64));
     for (int r = 0; r < R; ++r) {
@@ -127,15 +120,12 @@ void vnni_tile(const VnniRows& x, const VnniWeights& w, int64_t r0, int64_t nb, 
 template <int C>
 void vnni_rows(const VnniRows& x, const VnniWeights& w, int64_t m, int64_t nb, int64_t cols, uint16_t* approx,
                int64_t ldc, const int8_t* next, int64_t next_bytes) {
-  const int64_t tiles = (m + kVnniRows - 1) / kVnniRows, lines = next ? (next_bytes + 63) / 64 : 0;
-  auto share = [&](int64_t tile) {
-    const int64_t first = lines * tile / tiles;
-    return VnniPrefetch{reinterpret_cast<const char*>(next) + first * 64, lines * (tile + 1) / tiles - first};
-  };
+  const int64_t tiles = (m + kVnniRows - 1) / kVnniRows;
+  auto share = [&](int64_t tile) { return PanelPrefetch::share(next, next_bytes, tile, tiles); };
   int64_t r0 = 0;
   for (; r0 + kVnniRows <= m; r0 += kVnniRows)
     vnni_tile<kVnniRows, C>(x, w, r0, nb, cols, approx, ldc, share(r0 / kVnniRows));
-  const VnniPrefetch last = share(r0 / kVnniRows);
+  const PanelPrefetch last = share(r0 / kVnniRows);
   switch (m - r0) {
     case 1: vnni_tile<1, C>(x, w, r0, nb, cols, approx, ldc, last); break;
     case 2: vnni_tile<2, C>(x, w, r0, nb, cols, approx, ldc, last); break;
