@@ -31,6 +31,11 @@ def resident_fraction(t: torch.Tensor) -> float:
     return sum(b & 1 for b in flags.raw) / pages
 
 
+def first_blocks_mapped(cache: KVCache, n: int) -> bool:
+    """Whether blocks 0 .. n-1 of every layer's keys and values are mapped."""
+    return all(resident_fraction(region[:n]) == 1.0 for region in cache.data.flatten(0, 1))
+
+
 def test_populating_maps_the_pages_ahead_and_keeps_every_written_value(monkeypatch):
     monkeypatch.setattr(kv_cache, "POPULATE_AHEAD_BYTES", 64 * 6 * 4096)  # 64 blocks ahead
     cache = KVCache(SHAPE, 512, 16, torch.bfloat16, "cpu")
@@ -52,6 +57,35 @@ def test_populating_maps_the_pages_ahead_and_keeps_every_written_value(monkeypat
     assert cache.resident_blocks == 512 and resident_fraction(cache.data) == 1.0
     assert torch.equal(cache.data[:, :, :10], written)
     assert bool((cache.data[:, :, 74] == 7).all()) and not cache.data[:, :, 75:].any()
+
+
+def test_premapping_maps_the_first_blocks_on_a_thread_and_keeps_every_written_value(monkeypatch):
+    monkeypatch.setattr(kv_cache, "POPULATE_AHEAD_BYTES", 8 * 6 * 4096)  # 8 blocks ahead
+    cache = KVCache(SHAPE, 512, 16, torch.bfloat16, "cpu")
+    cache.premap(100 * 16)  # the first 100 blocks' tokens
+    written = torch.randn(3, 2, 4, 16, 2, 64).bfloat16()
+    cache.data[:, :, :4] = written  # a step's writes may meet the thread at work
+    cache.ensure_resident(3)  # waits for the thread, and keeps what it mapped
+    assert cache.resident_blocks == 100
+    assert first_blocks_mapped(cache, 100)
+    assert resident_fraction(cache.data[1, 0, 120:200]) == 0  # past the premapped blocks: unmapped
+    assert torch.equal(cache.data[:, :, :4], written) and not cache.data[:, :, 4:].any()
+    cache.ensure_resident(150)  # past them: the steps map the rest as before
+    assert cache.resident_blocks == 159 and first_blocks_mapped(cache, 159)
+
+
+def test_a_step_stops_the_premapping_thread_and_maps_what_it_needs(monkeypatch):
+    monkeypatch.setattr(kv_cache, "PREMAP_STRETCH_BYTES", 6 * 4096)  # a block at a time
+    monkeypatch.setattr(kv_cache, "POPULATE_AHEAD_BYTES", 6 * 4096)
+    cache = KVCache(SHAPE, 16384, 16, torch.bfloat16, "cpu")
+    cache.premap(16384 * 16)  # every block (~100,000 calls), one block at a time
+    cache.ensure_resident(9)
+    done = cache.resident_blocks
+    assert 11 <= done < 16384  # what the step needs, and whatever the thread had mapped when stopped
+    assert first_blocks_mapped(cache, done)
+    assert cache._premapping is None  # the thread has stopped: nothing maps behind the steps' backs
+    cache.premap(16384 * 16)  # pages already mapped: no second thread
+    assert cache._premapping is None
 
 
 def test_a_run_maps_every_block_the_pool_hands_out(tmp_path):

@@ -7,7 +7,9 @@ of memory, which is what the CPU attention gathers.
 On the CPU the cache is mapped lazily (a large budget costs nothing until used), and its pages are
 populated in bulk a margin ahead of the newest block a step writes (`ensure_resident`): left to
 fault one by one inside the steps, scattered over every layer's keys and values, the same pages
-cost several times as much.
+cost several times as much. The blocks a job's first steps fill can be mapped on a thread before
+any step runs (`premap`): the runner makes the cache before the model loads, whose ~0.7 s leave a
+core idle.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ CPU_DEFAULT_CAP = 4 << 30
 POPULATE_AHEAD_BYTES = 64 << 20  # populated past the newest block written: one bulk call per 64 MiB
 MADV_POPULATE_WRITE = 23  # Linux >= 5.14: map pages writable now, their contents unchanged
 POPULATE_THREADS = 8  # the kernel maps pages on each caller's CPU; more threads mostly add start-up
+PREMAP_CAP_BYTES = 512 << 20  # at most this much of the cache is mapped ahead of a run (premap)
+PREMAP_STRETCH_BYTES = 32 << 20  # premap's thread maps this much at a time, so a step waits for little
 
 
 def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -57,6 +61,7 @@ class KVCache:
         self._ahead = max(1, POPULATE_AHEAD_BYTES // bytes_per_block(cfg, block_size, dtype))
         # blocks below this one are mapped (device memory, or a CPU mapping populated this far)
         self.resident_blocks = num_blocks if device.type != "cpu" or _madvise() is None else 0
+        self._premapping: _Premapping | None = None  # premap's thread, until a step needs the pages
 
     @classmethod
     def from_budget(cls, cfg: ModelConfig, budget_bytes: int, block_size: int, dtype, device) -> KVCache:
@@ -70,21 +75,73 @@ class KVCache:
             if source != destination:
                 self.data[:, :, destination, :n] = self.data[:, :, source, :n]
 
+    def holds(self, cfg: ModelConfig, dtype: torch.dtype) -> bool:
+        """Whether this cache has the layout a model of cfg in dtype needs (one made before the
+        model loaded, from its config)."""
+        layers, _, _, _, heads, dim = self.data.shape
+        return self.data.dtype == dtype and (layers, heads, dim) == (
+            cfg.num_layers,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+        )
+
+    def premap(self, tokens: int) -> None:
+        """Start mapping, on a thread of its own, the pages of the blocks that `tokens` tokens fill
+        first (at most PREMAP_CAP_BYTES; the pool hands never-used blocks out in ascending order),
+        a stretch at a time. The first ensure_resident stops it after its current stretch and keeps
+        what it mapped. Nothing where pages are already mapped."""
+        if self.resident_blocks > 0 or self._premapping is not None:
+            return
+        bytes_per_block = self.data[:, :, 0].nbytes
+        end = min(self.num_blocks, -(-tokens // self.block_size), max(1, PREMAP_CAP_BYTES // bytes_per_block))
+        step = max(1, PREMAP_STRETCH_BYTES // bytes_per_block)
+        stretches = [(min(end, s + step), self._ranges(s, min(end, s + step))) for s in range(0, end, step)]
+        state = _Premapping()
+
+        def run() -> None:  # one thread: it runs beside the model's load, which leaves a core idle
+            for stretch_end, ranges in stretches:
+                if state.stop.is_set() or not _populate(ranges, threads=1):
+                    return
+                state.mapped = stretch_end
+
+        state.thread = threading.Thread(target=run, daemon=True, name="bulkrun-kv-premap")
+        self._premapping = state
+        state.thread.start()
+
     def ensure_resident(self, newest_block: int) -> None:
         """Map, in bulk, the pages of every block up to `newest_block` (the highest a step writes)
         and a margin past it, unless they are already. The pool hands never-used blocks out in
         ascending order, so what is mapped tracks the run's peak use. Contents never change."""
+        self.stop_premap()
         if newest_block < self.resident_blocks:
             return
         start, end = self.resident_blocks, min(self.num_blocks, newest_block + 1 + self._ahead)
-        # one address range per layer and k/v, from the page holding block `start` (its head may
-        # belong to a block in use: populating leaves contents alone)
-        regions = self.data.flatten(0, 1)
-        ranges = [(r[start].data_ptr(), r[start:end].nbytes) for r in regions]
-        if _populate(ranges, threads=min(POPULATE_THREADS, torch.get_num_threads())):
+        if _populate(self._ranges(start, end), threads=min(POPULATE_THREADS, torch.get_num_threads())):
             self.resident_blocks = end
         else:  # not supported here: pages fault in as they are written
             self.resident_blocks = self.num_blocks
+
+    def stop_premap(self) -> None:
+        """Stop premap's thread after its current stretch, keeping what it mapped."""
+        if self._premapping is not None:
+            state, self._premapping = self._premapping, None
+            state.stop.set()
+            state.thread.join()
+            self.resident_blocks = max(self.resident_blocks, state.mapped)
+
+    def _ranges(self, start: int, end: int) -> list[tuple[int, int]]:
+        """Blocks start .. end-1 as one address range per layer and k/v, from the page holding block
+        `start` (its head may belong to a block in use: populating leaves contents alone)."""
+        return [(r[start].data_ptr(), r[start:end].nbytes) for r in self.data.flatten(0, 1)]
+
+
+class _Premapping:
+    """KVCache.premap's thread, its stop flag, and the blocks below `mapped`, which it has mapped."""
+
+    def __init__(self):
+        self.thread: threading.Thread | None = None
+        self.stop = threading.Event()
+        self.mapped = 0
 
 
 def _zeros(shape, dtype, device: torch.device) -> torch.Tensor:

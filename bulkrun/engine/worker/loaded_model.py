@@ -61,6 +61,20 @@ def resolve_device_dtype(config: EngineConfig, backend: str) -> tuple[torch.devi
     return device, dtype, "the CPU default: no native bf16 dot products here"
 
 
+def is_loaded(model_dir: str, config: EngineConfig) -> bool:
+    """Whether load() would take the last model loaded instead of loading one."""
+    return _key(model_dir, config) in _LAST
+
+
+def planned_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
+    """The device and dtype a load with these settings runs in, known before any weights load."""
+    device = resolve_device(config.device)
+    device, dtype, _ = resolve_device_dtype(
+        config, get_ops(config.kernels, device, config.batch_invariant).backend
+    )
+    return device, dtype
+
+
 def load(model_dir: str, config: EngineConfig) -> LoadedModel:
     """The model for these settings: the last one loaded where its settings and files are these,
     else a fresh load (which replaces it)."""

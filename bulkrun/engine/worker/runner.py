@@ -31,9 +31,12 @@ from bulkrun.engine.worker.score_logprobs import score_logprobs
 from bulkrun.engine.worker.staging import Staging
 from bulkrun.engine.worker.step_inputs import StepBuilder, StepInputs
 from bulkrun.model.attention_metadata import SampledRows
+from bulkrun.model.config import ModelConfig
 from bulkrun_kernels.reference import plan_attention
 
 log = logging.getLogger(__name__)
+
+PREMAP_STEPS = 16  # full steps' tokens of KV cache mapped while the model loads (CPU)
 
 _request_id = attrgetter("request_id")
 _params = attrgetter("params")
@@ -42,6 +45,7 @@ _params = attrgetter("params")
 class ModelRunner:
     def __init__(self, model_dir: str, config: EngineConfig):
         self.config = config
+        early_kv = _cpu_kv_cache_before_load(model_dir, config)
         loaded = loaded_model.load(model_dir, config)
         self.tokenizer, self.ops, self.model = loaded.tokenizer, loaded.ops, loaded.model
         self.device, self.dtype, self.dtype_reason = loaded.device, loaded.dtype, loaded.dtype_reason
@@ -67,9 +71,14 @@ class ModelRunner:
             torch.cuda.get_device_properties(self.device).total_memory if self.device.type == "cuda" else 0
         )
         self.limits: EngineLimits = choose_limits(config, self.device.type, memory)
-        budget = self._kv_budget()
-        # one block more than the scheduler sees: the padding rows of a captured decode step write there
-        self.kv_cache = KVCache.from_budget(cfg, budget, self.block_size, self.dtype, self.device)
+        if early_kv is not None and early_kv[0].holds(cfg, self.dtype):
+            self.kv_cache, budget = early_kv
+        else:
+            if early_kv is not None:  # its pages are not this model's: stop mapping them
+                early_kv[0].stop_premap()
+            budget = self._kv_budget()
+            # one block more than the scheduler sees: the padding rows of a captured decode step write there
+            self.kv_cache = KVCache.from_budget(cfg, budget, self.block_size, self.dtype, self.device)
         self.num_blocks = self.kv_cache.num_blocks - 1
         if self.num_blocks < 1:
             raise ValueError(
@@ -86,10 +95,8 @@ class ModelRunner:
             self.graphs = DecodeGraphs.capture(self, graph_batch_sizes(self.limits.max_num_seqs))
 
     def _kv_budget(self) -> int:
-        if self.config.kv_cache_bytes is not None:
-            return self.config.kv_cache_bytes
-        if self.device.type != "cuda":
-            return default_cpu_kv_bytes()
+        if self.config.kv_cache_bytes is not None or self.device.type != "cuda":
+            return _set_or_cpu_kv_budget(self.config)
         self.limits.profile_peak_bytes = self._profile_activation_bytes()
         free, _ = torch.cuda.mem_get_info(self.device)
         return memory_profile.kv_cache_bytes(free, self.limits.profile_peak_bytes)
@@ -318,6 +325,29 @@ class _RowOf(Mapping):
 
     def __len__(self) -> int:
         return len(self._requests)
+
+
+def _cpu_kv_cache_before_load(model_dir: str, config: EngineConfig) -> tuple[KVCache, int] | None:
+    """On the CPU, the KV cache (and its budget) made before the model loads: its size is a share of
+    memory and its shape the model's config, so the blocks of a job's first PREMAP_STEPS full steps
+    are mapped on a thread while the weights load and pack (~0.7 s that leave a core idle), instead
+    of inside those steps. None on other devices (their budget is what the loaded model leaves), or
+    where the model is loaded already (no load to overlap)."""
+    if loaded_model.is_loaded(model_dir, config):
+        return None
+    device, dtype = loaded_model.planned_device_dtype(config)
+    if device.type != "cpu":
+        return None
+    budget = _set_or_cpu_kv_budget(config)
+    cfg = ModelConfig.from_model_dir(model_dir)
+    cache = KVCache.from_budget(cfg, budget, config.block_size, dtype, device)
+    cache.premap(PREMAP_STEPS * choose_limits(config, "cpu").max_num_batched_tokens)
+    return cache, budget
+
+
+def _set_or_cpu_kv_budget(config: EngineConfig) -> int:
+    """The KV cache bytes the config sets, else the CPU's default share of memory."""
+    return config.kv_cache_bytes if config.kv_cache_bytes is not None else default_cpu_kv_bytes()
 
 
 def _rows_from(h: torch.Tensor, rest: list[int], n: int, stage) -> torch.Tensor:
