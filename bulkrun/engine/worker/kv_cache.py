@@ -92,9 +92,9 @@ class KVCache:
         what it mapped. Nothing where pages are already mapped."""
         if self.resident_blocks > 0 or self._premapping is not None:
             return
-        bytes_per_block = self.data[:, :, 0].nbytes
-        end = min(self.num_blocks, -(-tokens // self.block_size), max(1, PREMAP_CAP_BYTES // bytes_per_block))
-        step = max(1, PREMAP_STRETCH_BYTES // bytes_per_block)
+        block_bytes = self.data[:, :, 0].nbytes  # every layer's keys and values
+        end = min(self.num_blocks, -(-tokens // self.block_size), max(1, PREMAP_CAP_BYTES // block_bytes))
+        step = max(1, PREMAP_STRETCH_BYTES // block_bytes)
         stretches = [(min(end, s + step), self._ranges(s, min(end, s + step))) for s in range(0, end, step)]
         state = _Premapping()
 
