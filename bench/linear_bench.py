@@ -7,6 +7,11 @@ its LM head, at several row counts: the fixed-order kernel the batch invariant e
     python bench/linear_bench.py [--rows 8 48 256 1024]
     BULKRUN_CPU_LIBRARY=path/to/bulkrun_cpu.so python bench/linear_bench.py
 
+--fp32: the 30 layers in fp32 instead: the panel kernel (`small_gemm`, what invariant fp32 layers
+run), oneDNN in fixed tiles of --tile rows (the invariant fallback where the panel kernel is not
+built) and oneDNN on the whole batch. With a build for an AVX2 CPU (-march=znver2, loaded by
+BULKRUN_CPU_LIBRARY) and ONEDNN_MAX_CPU_ISA=AVX2, an AVX-512 box runs what an AVX2 CPU would.
+
 Best of 5 sweeps; GFLOP/s count 2 * rows * weights.
 """
 
@@ -32,12 +37,23 @@ def best_s(fn, x, sweeps: int = 5) -> float:
     return best
 
 
+def onednn_sweep(onednn: list[list[torch.Tensor]], x: dict[int, torch.Tensor]) -> None:
+    """Every layer's linears on oneDNN's packed weights, one call each (x: the input by its width)."""
+    for layer in onednn:
+        for (_, k), w in zip(SHAPES, layer, strict=True):
+            torch.ops.mkldnn._linear_pointwise(x[k], w, None, "none", [], "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rows", type=int, nargs="+", default=[8, 48, 256, 1024])
+    parser.add_argument("--fp32", action="store_true", help="the layers in fp32: panels against oneDNN")
+    parser.add_argument("--tile", type=int, default=None, help="--fp32: oneDNN's invariant row tile")
     args = parser.parse_args()
+    if args.fp32:
+        return fp32_body(args.rows, args.tile)
     from bulkrun_kernels import cpu_build
     from bulkrun_kernels.cpu_gemm import bf16_gemm, fixed_order_bf16_kernel, pack_amx
 
@@ -60,9 +76,7 @@ def main() -> None:
                 bf16_gemm(x[k], w, None, n)
 
     def theirs(x):
-        for layer in onednn:
-            for (_, k), w in zip(SHAPES, layer, strict=True):
-                torch.ops.mkldnn._linear_pointwise(x[k], w, None, "none", [], "")
+        onednn_sweep(onednn, x)
 
     def head_ours(x):
         bf16_gemm(x[HIDDEN], head_tiles, None, VOCAB)
@@ -79,6 +93,48 @@ def main() -> None:
             s = best_s(fn, x)
             cells.append(f"{s * 1e3:7.2f} ms {flops / s / 1e9:5.0f}")
         print(f"{m:5d} " + " ".join(f"{c:>20s}" for c in cells), flush=True)
+    print("(each cell: best time per sweep, GFLOP/s)")
+
+
+def fp32_body(rows: list[int], tile: int | None) -> None:
+    from bulkrun.model.linear import invariant_tile, pack_panels
+    from bulkrun_kernels import cpu_build
+
+    if not cpu_build.load():
+        raise SystemExit(f"no native kernels: {cpu_build.load_error()}")
+    tile = tile or invariant_tile()
+    g = torch.Generator().manual_seed(0)
+    weights = [[torch.randn(n, k, generator=g) for n, k in SHAPES] for _ in range(LAYERS)]
+    panels = [[pack_panels(w) for w in layer] for layer in weights]
+    onednn = [[torch.ops.mkldnn._reorder_linear_weight(w, 64) for w in layer] for layer in weights]
+    del weights
+    body_flops = 2 * LAYERS * sum(n * k for n, k in SHAPES)
+    print(f"fp32, {LAYERS} layers' linears; oneDNN's invariant tile: {tile} rows")
+    print(f"{'rows':>5s} {'panels':>20s} {f'oneDNN, {tile}-row tiles':>24s} {'oneDNN, one call':>20s}")
+
+    def ours(x):
+        for layer in panels:
+            for (n, k), w in zip(SHAPES, layer, strict=True):
+                torch.ops.bulkrun_cpu.small_gemm(x[k], w, None, torch.empty(x[k].shape[0], n))
+
+    def tiles(x):
+        for layer in onednn:
+            for (_, k), w in zip(SHAPES, layer, strict=True):
+                padded = x[k] if x[k].shape[0] % tile == 0 else torch.nn.functional.pad(
+                    x[k], (0, 0, 0, tile - x[k].shape[0] % tile))  # fmt: skip
+                for i in range(0, padded.shape[0], tile):
+                    torch.ops.mkldnn._linear_pointwise(padded[i : i + tile], w, None, "none", [], "")
+
+    def theirs(x):
+        onednn_sweep(onednn, x)
+
+    for m in rows:
+        x = {k: torch.randn(m, k, generator=g) for k in {k for _, k in SHAPES}}
+        cells = []
+        for fn, width in ((ours, 20), (tiles, 24), (theirs, 20)):
+            s = best_s(fn, x)
+            cells.append(f"{f'{s * 1e3:7.2f} ms {body_flops * m / s / 1e9:5.0f}':>{width}s}")
+        print(f"{m:5d} " + " ".join(cells), flush=True)
     print("(each cell: best time per sweep, GFLOP/s)")
 
 

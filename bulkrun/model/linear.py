@@ -3,8 +3,8 @@
 Batch invariant (the default): a row's output bits must not depend on how many rows share the call
 (docs/batch-invariance.md), so one kernel whose per-row reduction order is fixed by K alone serves
 every row count: bf16 weights run on AMX tiles or, without AMX, on AVX512-BF16 dot products
-(bulkrun_kernels.cpu_gemm), fp32 ones on the panel kernel below (AVX-512 CPUs), and where none is
-built oneDNN runs in fixed tiles of invariant_tile() rows (its blocking, which it picks from the row
+(bulkrun_kernels.cpu_gemm), fp32 ones on the panel kernel below (AVX-512 or AVX2 CPUs), and where
+none is built oneDNN runs in fixed tiles of invariant_tile() rows (its blocking, which it picks from the row
 count, is then always the same; each tile streams the weights again). On CUDA, the fixed-tile
 Triton matmul (bulkrun_kernels.matmul) replaces cuBLAS, whose kernel choice varies with M.
 
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bulkrun_kernels.cpu_build import has_avx512
+from bulkrun_kernels.cpu_build import cpu_flags, has_avx512
 from bulkrun_kernels.cpu_gemm import amx_packable, bf16_gemm, fixed_order_bf16_kernel, pack_amx, pad_bias
 
 PANEL = 32  # columns per panel of the native small_gemm layout
@@ -65,11 +65,10 @@ def onednn_bf16_available() -> bool:
 
 
 def panel_kernel_available() -> bool:
-    """The native panel kernel is built and worth running: it is written for AVX-512 registers (two
-    panel vectors per row in one register each); on an AVX2 CPU GCC's code for it ran ~10x slower
-    than oneDNN (1 against 10-20 GFLOP/s on a Zen 2 core), so there fp32 layers stay on oneDNN."""
+    """The native panel kernel is built and has a register tile for this CPU: AVX-512 (a panel's 32
+    columns, 12 rows) or AVX2 with FMA (16-column halves, 6 rows)."""
     built = hasattr(torch.ops, "bulkrun_cpu") and hasattr(torch.ops.bulkrun_cpu, "small_gemm")
-    return built and has_avx512()
+    return built and (has_avx512() or {"avx2", "fma"} <= cpu_flags())
 
 
 _PACKABLE = (torch.float32, torch.bfloat16)
@@ -242,7 +241,9 @@ def pack_linears_for_cpu(model: nn.Module, panels: bool | None = None) -> bool:
             # decode-sized steps on the fixed-order kernel (it streams the weights faster than
             # oneDNN there, bench/linear_bench.py), larger ones on oneDNN
             return m.pack_for_cpu(fixed_order=fixed_order, onednn=True)
-        with_panels = panels and all_fp32 and m is not head
+        # not invariant, the panels serve decode-sized calls beside oneDNN where they were measured
+        # to beat it there (AVX-512); AVX2 CPUs keep oneDNN for every call
+        with_panels = panels and has_avx512() and all_fp32 and m is not head
         m.pack_for_cpu(panels=with_panels, onednn=not with_panels or both)
 
     # one layer per thread: a oneDNN reorder runs on one core (start-up time)

@@ -104,3 +104,30 @@ def test_without_onednn_bf16_a_bf16_layer_computes_in_fp32(monkeypatch, invarian
     torch.testing.assert_close(got.float(), expected, atol=0.05, rtol=0.01)
     if invariant:
         assert torch.equal(layer(x[:1]), got[:1]) and torch.equal(layer(x[:9]), got[:9])
+
+
+@pytest.mark.skipif(not NATIVE, reason="no native kernels")
+@pytest.mark.parametrize("invariant", [True, False])
+def test_an_avx2_cpu_runs_invariant_fp32_layers_on_the_panel_kernel(monkeypatch, invariant):
+    """Without AVX-512 the panel kernel has its AVX2 register tile: invariant fp32 layers stream
+    each weight once per call there, instead of once per oneDNN row tile; not invariant, oneDNN
+    alone (the panels were measured against it on AVX-512 only)."""
+    monkeypatch.setattr("bulkrun.model.linear.has_avx512", lambda: False)
+    monkeypatch.setattr("bulkrun.model.linear.cpu_flags", lambda: frozenset({"avx2", "fma", "sse4_2"}))
+    layer = Linear(576, 960, bias=True)
+    layer.weight.data = torch.randn(960, 576, generator=G)
+    layer.bias.data = torch.randn(960, generator=G)
+    model = torch.nn.Sequential(layer)
+    set_batch_invariant(model, invariant)
+    assert pack_linears_for_cpu(model, panels=True)
+    assert (layer.panels is not None) == invariant
+    assert (layer.packed is None) == invariant
+
+
+def test_a_cpu_without_avx2_keeps_onednn_tiles(monkeypatch):
+    monkeypatch.setattr("bulkrun.model.linear.has_avx512", lambda: False)
+    monkeypatch.setattr("bulkrun.model.linear.cpu_flags", lambda: frozenset({"sse4_2", "avx"}))
+    layer = Linear(64, 32, bias=False)
+    layer.weight.data = torch.randn(32, 64, generator=G)
+    assert pack_linears_for_cpu(torch.nn.Sequential(layer), panels=True)
+    assert layer.panels is None and layer.packed is not None
