@@ -32,7 +32,15 @@ namespace {
 constexpr int64_t kQueryTile = 32;
 constexpr int64_t kAmxQueryTile = 64;  // on AMX: each item reads its keys and values once, for more rows
 constexpr int64_t kKeys = 16;  // keys per score vector (one F16)
-constexpr int64_t kRowBlock = 8;  // query rows scored together against transposed keys
+// How many vector registers an F16 takes: one on AVX-512, two 8-float ones on AVX2, whose 16
+// registers then hold half as many F16 sums; the row blocks below shrink with it, so the sums stay
+// in registers (the same chains in any blocking: the same bits).
+#ifdef __AVX512F__
+constexpr int kF16Registers = 1;
+#else
+constexpr int kF16Registers = 2;
+#endif
+constexpr int64_t kRowBlock = kF16Registers == 1 ? 8 : 6;  // query rows scored together against transposed keys
 // decode rows: each group of keys is prefetched into L2 a group ahead, and each key into L1 this many
 // keys ahead (docs/benchmarks.md, design figures)
 constexpr int64_t kL1Ahead = 4;
@@ -177,11 +185,15 @@ inline float softmax_row(F16* pr, int64_t begin, int64_t seen, int64_t key_group
 
 // score_keys for a compile-time R < 6 rows: key by key, each key's vectors loaded once for all rows
 // and the rows' queries held in registers (the row-by-row loop reloaded both for every product).
+// On AVX2 (an F16 is two registers) the rows' queries and a key's vectors do not all fit: the
+// products read the queries from L1 instead (the same products and sums, so the same bits).
 template <int NV, int R, typename T>
 void score_keys_few(const F16* q, const T* const* keys, int64_t n, F16* scores) {
-  F16 qr[R][NV];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < NV; ++c) qr[r][c] = q[r * NV + c];
+  constexpr int kHeld = kF16Registers == 1 ? R : 1;  // rows whose queries are held in registers
+  F16 held[kHeld][NV];
+  for (int r = 0; r < kHeld; ++r)
+    for (int c = 0; c < NV; ++c) held[r][c] = q[r * NV + c];
+  auto qr = [&](int r, int c) -> F16 { return kF16Registers == 1 ? held[r][c] : q[r * NV + c]; };
   F16 parts[R][kKeys];
   for (int64_t j = 0; j < kKeys; ++j) {
     if (j >= n) {  // past the last key: the slot may hold anything, never read it
@@ -193,8 +205,8 @@ void score_keys_few(const F16* q, const T* const* keys, int64_t n, F16* scores) 
     F16 k[NV];
     for (int c = 0; c < NV; ++c) k[c] = load16(keys[j] + 16 * c);
     for (int r = 0; r < R; ++r) {
-      F16 part = k[0] * qr[r][0];
-      for (int c = 1; c < NV; ++c) part += k[c] * qr[r][c];
+      F16 part = k[0] * qr(r, 0);
+      for (int c = 1; c < NV; ++c) part += k[c] * qr(r, c);
       parts[r][j] = part;
     }
   }
@@ -221,9 +233,10 @@ template <int NV, typename T>
 void run_item(const WorkItem& w, const Geometry& g, const T* q, const T* k_cache, const T* v_cache,
               const int32_t* table, int64_t token0, int64_t new_tokens, int64_t context, T* out, bool by_key) {
   const int64_t tile = w.q_end - w.q_begin, group = g.group, rows = tile * group;
-  // rows per sweep over the values: their R x NV sums stay in registers (6 x 4 at head_dim 64 beat
-  // 4 rows on a prompt-chunk layer)
-  constexpr int64_t kSweepRows = std::max<int64_t>(1, std::min<int64_t>(6, 24 / NV));
+  // rows and 16-dim blocks per sweep over the values: their R x blocks sums stay in registers (6 x 4
+  // at head_dim 64 beat 4 rows on a prompt-chunk layer; on AVX2, 6 rows x one block)
+  constexpr int64_t kSweepBlocks = kF16Registers == 1 ? NV : 1;
+  constexpr int64_t kSweepRows = std::max<int64_t>(1, std::min<int64_t>(6, 24 / kSweepBlocks));
   const int64_t key_stride = g.num_kv_heads * NV * 16;
   const int64_t first_pos = context - new_tokens;  // position of new token 0
   const int64_t num_keys = first_pos + w.q_end;    // the tile's last token sees keys 0 .. num_keys-1
@@ -260,28 +273,30 @@ void run_item(const WorkItem& w, const Geometry& g, const T* q, const T* k_cache
   // rows r0 .. r0+R-1 of kv head kvh: out = probs . values / row_sum, R rows per sweep over the values
   // (R a compile-time constant, so the R x NV accumulators stay in registers)
   auto weigh_values = [&](auto rows_per_sweep, int64_t r0, int64_t kvh) {
-    constexpr int64_t R = decltype(rows_per_sweep)::value;
-    F16 acc[R][NV] = {};
+    constexpr int64_t R = decltype(rows_per_sweep)::value, B = kSweepBlocks;
     const int64_t sweep_groups = groups_seen(r0 + R - 1);
-    for (int64_t kg = first_group(r0); kg < sweep_groups; ++kg) {
-      const int64_t key0 = kg * kKeys, n = std::min(kKeys, num_keys - key0);
-      const T* values[kKeys];
-      rows_of(v_cache, kvh, key0, n, values);
-      if (kg + 1 < sweep_groups) prefetch_group(v_cache, kvh, key0 + kKeys);
-      F16 p[R];
-      for (int64_t i = 0; i < R; ++i) p[i] = probs[(r0 + i) * key_groups + kg];
-      for (int64_t j = 0; j < n; ++j) {  // j < n: slots past the last key are never read
-        F16 v[NV];
-        for (int c = 0; c < NV; ++c) v[c] = load16(values[j] + 16 * c);
-        for (int64_t i = 0; i < R; ++i)
-          for (int c = 0; c < NV; ++c) acc[i][c] += v[c] * p[i][j];
+    for (int64_t c0 = 0; c0 < NV; c0 += B) {  // dims 16 c0 .. 16 (c0 + B) - 1
+      F16 acc[R][B] = {};
+      for (int64_t kg = first_group(r0); kg < sweep_groups; ++kg) {
+        const int64_t key0 = kg * kKeys, n = std::min(kKeys, num_keys - key0);
+        const T* values[kKeys];
+        rows_of(v_cache, kvh, key0, n, values);
+        if (c0 == 0 && kg + 1 < sweep_groups) prefetch_group(v_cache, kvh, key0 + kKeys);
+        const float* p[R];  // row r0 + i's probabilities of this group, read a lane at a time
+        for (int64_t i = 0; i < R; ++i) p[i] = reinterpret_cast<const float*>(probs + (r0 + i) * key_groups + kg);
+        for (int64_t j = 0; j < n; ++j) {  // j < n: slots past the last key are never read
+          F16 v[B];
+          for (int c = 0; c < B; ++c) v[c] = load16(values[j] + 16 * (c0 + c));
+          for (int64_t i = 0; i < R; ++i)
+            for (int c = 0; c < B; ++c) acc[i][c] += v[c] * p[i][j];
+        }
       }
-    }
-    for (int64_t i = 0; i < R; ++i) {
-      const int64_t r = r0 + i, token = w.q_begin + r / group, h = kvh * group + r % group;
-      T* dst = out + (token0 + token) * g.out_stride_token + h * g.out_stride_head;
-      const float inv = 1.f / row_sum[r];
-      for (int c = 0; c < NV; ++c) store16(dst + 16 * c, acc[i][c] * inv);
+      for (int64_t i = 0; i < R; ++i) {
+        const int64_t r = r0 + i, token = w.q_begin + r / group, h = kvh * group + r % group;
+        T* dst = out + (token0 + token) * g.out_stride_token + h * g.out_stride_head;
+        const float inv = 1.f / row_sum[r];
+        for (int c = 0; c < B; ++c) store16(dst + 16 * (c0 + c), acc[i][c] * inv);
+      }
     }
   };
 

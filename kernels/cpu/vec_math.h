@@ -169,7 +169,6 @@ inline T vec_exp(T x) {
 struct F16Halves {
   __m256 lo, hi;
 };
-inline F16Halves halves(F16 v) { return __builtin_bit_cast(F16Halves, v); }
 inline F16 join(__m256 lo, __m256 hi) { return __builtin_bit_cast(F16, F16Halves{lo, hi}); }
 
 // The tree on 256-bit registers: the generic shuffles of 16-lane vectors compile to lane-by-lane
@@ -177,9 +176,9 @@ inline F16 join(__m256 lo, __m256 hi) { return __builtin_bit_cast(F16, F16Halves
 // s3 [4m, 4m+2 | 4m+1, 4m+3]: s2[x] + s2[x+2]; then s3[0] + s3[1], lanes put back in order.
 inline F16 sum_each(const F16* v) {
   __m256 s1[16], s2[8], s3[4], out[2];
-  for (int i = 0; i < 16; ++i) {
-    const F16Halves h = halves(v[i]);
-    s1[i] = _mm256_add_ps(h.lo, h.hi);
+  for (int i = 0; i < 16; ++i) {  // loaded as halves: a bit_cast of the F16 went through the stack
+    const float* f = reinterpret_cast<const float*>(v + i);
+    s1[i] = _mm256_add_ps(_mm256_loadu_ps(f), _mm256_loadu_ps(f + 8));
   }
   for (int i = 0; i < 8; ++i)
     s2[i] = _mm256_add_ps(_mm256_permute2f128_ps(s1[2 * i], s1[2 * i + 1], 0x20),
@@ -257,9 +256,9 @@ inline void transpose16(F16* v) {
   // off-diagonal blocks trade places
   __m256 lo[16], hi[16];
   for (int i = 0; i < 16; ++i) {
-    const F16Halves h = halves(v[i]);
-    lo[i] = h.lo;
-    hi[i] = h.hi;
+    const float* f = reinterpret_cast<const float*>(v + i);
+    lo[i] = _mm256_loadu_ps(f);
+    hi[i] = _mm256_loadu_ps(f + 8);
   }
   auto transpose8 = [](__m256* r) {
     __m256 t[8], u[8];
