@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -185,10 +186,45 @@ inline float softmax_row(F16* pr, int64_t begin, int64_t seen, int64_t key_group
 
 // score_keys for a compile-time R < 6 rows: key by key, each key's vectors loaded once for all rows
 // and the rows' queries held in registers (the row-by-row loop reloaded both for every product).
-// On AVX2 (an F16 is two registers) the rows' queries and a key's vectors do not all fit: the
-// products read the queries from L1 instead (the same products and sums, so the same bits).
+// score_keys_few for fp32 keys where an F16 is two registers (AVX2): each key's products as two
+// 8-lane halves, the queries read from L1. GCC's F16 code kept the key and the partial sums on the
+// stack and stored them in 16-byte pieces that sum_each's 32-byte loads then waited on. Lane for
+// lane the same products and sums: the same bits.
+template <int NV, int R>
+void score_keys_few_halves(const F16* q, const float* const* keys, int64_t n, F16* scores) {
+  typedef float F8 __attribute__((vector_size(32)));
+  auto load8 = [](const float* p) {
+    F8 v;
+    std::memcpy(&v, p, sizeof(F8));
+    return v;
+  };
+  const float* qf = reinterpret_cast<const float*>(q);
+  F16 parts[R][kKeys];
+  for (int64_t j = 0; j < kKeys; ++j) {
+    if (j >= n) {  // past the last key: the slot may hold anything, never read it
+      for (int r = 0; r < R; ++r) parts[r][j] = F16{};
+      continue;
+    }
+    if (j + kL1Ahead < n)
+      for (int c = 0; c < NV; c += kVectorsPerLine<float>) prefetch_l1(keys[j + kL1Ahead] + 16 * c);
+    for (int h = 0; h < 2; ++h) {  // lanes 8h .. 8h + 7
+      F8 k[NV];
+      for (int c = 0; c < NV; ++c) k[c] = load8(keys[j] + 16 * c + 8 * h);
+      for (int r = 0; r < R; ++r) {
+        F8 part = k[0] * load8(qf + r * NV * 16 + 8 * h);
+        for (int c = 1; c < NV; ++c) part += k[c] * load8(qf + (r * NV + c) * 16 + 8 * h);
+        std::memcpy(reinterpret_cast<float*>(&parts[r][j]) + 8 * h, &part, sizeof(F8));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) scores[r] = sum_each(parts[r]);
+}
+
 template <int NV, int R, typename T>
 void score_keys_few(const F16* q, const T* const* keys, int64_t n, F16* scores) {
+  if constexpr (kF16Registers == 2 && std::is_same_v<T, float>) return score_keys_few_halves<NV, R>(q, keys, n, scores);
+  // on AVX2 the rows' queries and a key's vectors do not all fit: the products read the queries
+  // from L1 instead (the same products and sums, so the same bits)
   constexpr int kHeld = kF16Registers == 1 ? R : 1;  // rows whose queries are held in registers
   F16 held[kHeld][NV];
   for (int r = 0; r < kHeld; ++r)
