@@ -186,6 +186,19 @@ inline float softmax_row(F16* pr, int64_t begin, int64_t seen, int64_t key_group
 
 // score_keys for a compile-time R < 6 rows: key by key, each key's vectors loaded once for all rows
 // and the rows' queries held in registers (the row-by-row loop reloaded both for every product).
+// Key j of a group of n in a key-by-key score pass: past the last key, zero the rows' partial sums
+// (the slot may hold anything, never read it) and say so; else ask for the key kL1Ahead on.
+template <int NV, int R, typename T>
+inline bool key_in_group(F16 (&parts)[R][kKeys], const T* const* keys, int64_t j, int64_t n) {
+  if (j >= n) {
+    for (int r = 0; r < R; ++r) parts[r][j] = F16{};
+    return false;
+  }
+  if (j + kL1Ahead < n)
+    for (int c = 0; c < NV; c += kVectorsPerLine<T>) prefetch_l1(keys[j + kL1Ahead] + 16 * c);
+  return true;
+}
+
 // score_keys_few for fp32 keys where an F16 is two registers (AVX2): each key's products as two
 // 8-lane halves, the queries read from L1. GCC's F16 code kept the key and the partial sums on the
 // stack and stored them in 16-byte pieces that sum_each's 32-byte loads then waited on. Lane for
@@ -201,12 +214,7 @@ void score_keys_few_halves(const F16* q, const float* const* keys, int64_t n, F1
   const float* qf = reinterpret_cast<const float*>(q);
   F16 parts[R][kKeys];
   for (int64_t j = 0; j < kKeys; ++j) {
-    if (j >= n) {  // past the last key: the slot may hold anything, never read it
-      for (int r = 0; r < R; ++r) parts[r][j] = F16{};
-      continue;
-    }
-    if (j + kL1Ahead < n)
-      for (int c = 0; c < NV; c += kVectorsPerLine<float>) prefetch_l1(keys[j + kL1Ahead] + 16 * c);
+    if (!key_in_group<NV>(parts, keys, j, n)) continue;
     for (int h = 0; h < 2; ++h) {  // lanes 8h .. 8h + 7
       F8 k[NV];
       for (int c = 0; c < NV; ++c) k[c] = load8(keys[j] + 16 * c + 8 * h);
@@ -232,12 +240,7 @@ void score_keys_few(const F16* q, const T* const* keys, int64_t n, F16* scores) 
   auto qr = [&](int r, int c) -> F16 { return kF16Registers == 1 ? held[r][c] : q[r * NV + c]; };
   F16 parts[R][kKeys];
   for (int64_t j = 0; j < kKeys; ++j) {
-    if (j >= n) {  // past the last key: the slot may hold anything, never read it
-      for (int r = 0; r < R; ++r) parts[r][j] = F16{};
-      continue;
-    }
-    if (j + kL1Ahead < n)
-      for (int c = 0; c < NV; ++c) prefetch_l1(keys[j + kL1Ahead] + 16 * c);
+    if (!key_in_group<NV>(parts, keys, j, n)) continue;
     F16 k[NV];
     for (int c = 0; c < NV; ++c) k[c] = load16(keys[j] + 16 * c);
     for (int r = 0; r < R; ++r) {
