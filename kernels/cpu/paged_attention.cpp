@@ -184,8 +184,6 @@ inline float softmax_row(F16* pr, int64_t begin, int64_t seen, int64_t key_group
   return lane_sum(sum);
 }
 
-// score_keys for a compile-time R < 6 rows: key by key, each key's vectors loaded once for all rows
-// and the rows' queries held in registers (the row-by-row loop reloaded both for every product).
 // Key j of a group of n in a key-by-key score pass: past the last key, zero the rows' partial sums
 // (the slot may hold anything, never read it) and say so; else ask for the key kL1Ahead on.
 template <int NV, int R, typename T>
@@ -205,12 +203,6 @@ inline bool key_in_group(F16 (&parts)[R][kKeys], const T* const* keys, int64_t j
 // lane the same products and sums: the same bits.
 template <int NV, int R>
 void score_keys_few_halves(const F16* q, const float* const* keys, int64_t n, F16* scores) {
-  typedef float F8 __attribute__((vector_size(32)));
-  auto load8 = [](const float* p) {
-    F8 v;
-    std::memcpy(&v, p, sizeof(F8));
-    return v;
-  };
   const float* qf = reinterpret_cast<const float*>(q);
   F16 parts[R][kKeys];
   for (int64_t j = 0; j < kKeys; ++j) {
@@ -228,6 +220,8 @@ void score_keys_few_halves(const F16* q, const float* const* keys, int64_t n, F1
   for (int r = 0; r < R; ++r) scores[r] = sum_each(parts[r]);
 }
 
+// score_keys for a compile-time R < 6 rows: key by key, each key's vectors loaded once for all rows
+// and the rows' queries held in registers (the row-by-row loop reloaded both for every product).
 template <int NV, int R, typename T>
 void score_keys_few(const F16* q, const T* const* keys, int64_t n, F16* scores) {
   if constexpr (kF16Registers == 2 && std::is_same_v<T, float>) return score_keys_few_halves<NV, R>(q, keys, n, scores);

@@ -29,9 +29,7 @@ constexpr int64_t kPanel = 32;  // columns per panel: two F16 vectors
 // 24 accumulators of the 32 registers. On AVX2 (16 registers of 8 floats) an F16 is two registers,
 // and GCC's code for rows of F16 pairs spilled its accumulators (~1 GFLOP/s on a Zen 2 core), so
 // the panel runs as two 16-column halves (one cache line of a k row each), 6 rows x 2 registers.
-// Both are plain vector types (with __m256 and its intrinsics GCC 12 kept the accumulators on the
-// stack); acc += w * x compiles to one FMA (-ffp-contract=fast).
-typedef float F8 __attribute__((vector_size(32)));
+// Both are plain vector types (F16, F8); acc += w * x compiles to one FMA (-ffp-contract=fast).
 constexpr int kRowsWide = 12, kRowsHalves = 6;
 #if defined(__AVX512F__) || !(defined(__AVX2__) && defined(__FMA__))
 constexpr bool kNativeHalves = false;
@@ -88,9 +86,7 @@ void half_panel_rows(const float* x, int64_t ldx, const float* half, int64_t K, 
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = F8{};
 #pragma GCC unroll 4
   for (int64_t k = 0; k < K; ++k) {
-    F8 w0, w1;
-    std::memcpy(&w0, half + k * kPanel, sizeof(F8));
-    std::memcpy(&w1, half + k * kPanel + 8, sizeof(F8));
+    const F8 w0 = load8(half + k * kPanel), w1 = load8(half + k * kPanel + 8);
     if (prefetch) __builtin_prefetch(prefetch + k * kPanel, 0, 2);
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {

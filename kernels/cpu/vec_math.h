@@ -23,6 +23,14 @@ typedef float F16Unaligned __attribute__((vector_size(64), aligned(4)));
 typedef int32_t I16 __attribute__((vector_size(64)));
 
 inline F16 load16(const float* p) { return *reinterpret_cast<const F16Unaligned*>(p); }
+// Half an F16 (8 floats: one AVX2 register), for code whose F16 sums would not fit AVX2's 16
+// registers; loaded by memcpy, as __m256 and its intrinsics made GCC 12 keep such sums on the stack.
+typedef float F8 __attribute__((vector_size(32)));
+inline F8 load8(const float* p) {
+  F8 v;
+  std::memcpy(&v, p, sizeof(F8));
+  return v;
+}
 inline void store16(float* p, F16 v) { *reinterpret_cast<F16Unaligned*>(p) = v; }
 inline F16 splat(float x) { return F16{} + x; }
 
