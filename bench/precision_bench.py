@@ -29,7 +29,8 @@ from workload import chat_prompts  # noqa: E402
 
 from bulkrun.engine.core.config import EngineConfig  # noqa: E402
 from bulkrun.engine.core.engine import Engine  # noqa: E402
-from bulkrun.engine.load import load_engine
+from bulkrun.engine.load import load_engine  # noqa: E402
+from bulkrun.engine.worker import loaded_model  # noqa: E402
 from bulkrun.engine.core.params import EngineRequest, SamplingParams  # noqa: E402
 from bulkrun.model_source import resolve_model  # noqa: E402
 
@@ -94,10 +95,13 @@ def classify_labels(engine: Engine, count: int) -> list[str]:
 
 def load_variants() -> dict[str, Engine]:
     """fp32 (the reference), bf16 as it runs by default (fp32 residual stream), and bf16 with the
-    residual stream in bf16 too (what phase 1 shipped), so the choice between them is by figures."""
+    residual stream in bf16 too, so the choice between them is by figures. The last gets a model of
+    its own: a second load with the default's settings would return the default's model."""
     model_dir = str(resolve_model(None))
     variants = {name: load_engine(model_dir, EngineConfig(dtype=name)) for name in ("float32", "bfloat16")}
+    loaded_model.forget()
     bf16_stream = load_engine(model_dir, EngineConfig(dtype="bfloat16"))
+    assert bf16_stream.runner.model is not variants["bfloat16"].runner.model
     bf16_stream.runner.model.residual_dtype = None
     variants["bf16 (bf16 stream)"] = bf16_stream
     return variants

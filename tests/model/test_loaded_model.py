@@ -46,7 +46,7 @@ def test_runners_on_a_reused_model_compute_what_a_fresh_load_computes(folder):
     config = EngineConfig(dtype="float32", kv_cache_bytes=1 << 20, block_size=4)
     shared = [ModelRunner(folder, config) for _ in range(2)]
     assert shared[0].model is shared[1].model
-    loaded_model._LAST.clear()
+    loaded_model.forget()
     alone = ModelRunner(folder, config)
     assert alone.model is not shared[0].model
     tokens = [3, 9, 27, 17, 5, 7]

@@ -85,6 +85,12 @@ def load(model_dir: str, config: EngineConfig) -> LoadedModel:
     return _LAST[key]
 
 
+def forget() -> None:
+    """Drop the kept model: the next load() reads, converts and packs the weights again (for a
+    caller about to change a model it loaded, which must not change another caller's)."""
+    _LAST.clear()
+
+
 def _key(model_dir: str, config: EngineConfig) -> tuple:
     """The settings a load depends on, and each file's name, size and mtime: weights rewritten in
     place are loaded again."""
