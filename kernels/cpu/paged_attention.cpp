@@ -197,12 +197,12 @@ inline bool key_in_group(F16 (&parts)[R][kKeys], const T* const* keys, int64_t j
   return true;
 }
 
-// score_keys_few for fp32 keys where an F16 is two registers (AVX2): each key's products as two
-// 8-lane halves, the queries read from L1. GCC's F16 code kept the key and the partial sums on the
+// score_keys_few where an F16 is two registers (AVX2): each key's products as two 8-lane halves,
+// the queries read from L1. GCC's F16 code kept the key and the partial sums on the
 // stack and stored them in 16-byte pieces that sum_each's 32-byte loads then waited on. Lane for
 // lane the same products and sums: the same bits.
-template <int NV, int R>
-void score_keys_few_halves(const F16* q, const float* const* keys, int64_t n, F16* scores) {
+template <int NV, int R, typename T>
+void score_keys_few_halves(const F16* q, const T* const* keys, int64_t n, F16* scores) {
   const float* qf = reinterpret_cast<const float*>(q);
   F16 parts[R][kKeys];
   for (int64_t j = 0; j < kKeys; ++j) {
@@ -220,26 +220,39 @@ void score_keys_few_halves(const F16* q, const float* const* keys, int64_t n, F1
   for (int r = 0; r < R; ++r) scores[r] = sum_each(parts[r]);
 }
 
+// Value sums where an F16 is two registers (AVX2): dims dim0 .. dim0 + 15 of n value
+// rows, weighed by R rows' probabilities (p[i][j]: row i, key j), into acc[i] as two 8-lane halves.
+// GCC's F16 sums here lived on the stack, each passed through general registers on every key. Lane
+// for lane the same FMAs in the same key order: the same bits.
+template <int64_t R, typename T>
+inline void weigh_block_halves(const T* const* values, int64_t n, int64_t dim0, const float* const* p,
+                               F8 (&acc)[R][2]) {
+  for (int64_t j = 0; j < n; ++j) {
+    const F8 v0 = load8(values[j] + dim0), v1 = load8(values[j] + dim0 + 8);
+    for (int64_t i = 0; i < R; ++i) {
+      const float pij = p[i][j];
+      acc[i][0] += v0 * pij;
+      acc[i][1] += v1 * pij;
+    }
+  }
+}
+
 // score_keys for a compile-time R < 6 rows: key by key, each key's vectors loaded once for all rows
 // and the rows' queries held in registers (the row-by-row loop reloaded both for every product).
 template <int NV, int R, typename T>
 void score_keys_few(const F16* q, const T* const* keys, int64_t n, F16* scores) {
-  if constexpr (kF16Registers == 2 && std::is_same_v<T, float>) return score_keys_few_halves<NV, R>(q, keys, n, scores);
-  // on AVX2 the rows' queries and a key's vectors do not all fit: the products read the queries
-  // from L1 instead (the same products and sums, so the same bits)
-  constexpr int kHeld = kF16Registers == 1 ? R : 1;  // rows whose queries are held in registers
-  F16 held[kHeld][NV];
-  for (int r = 0; r < kHeld; ++r)
+  if constexpr (kF16Registers == 2) return score_keys_few_halves<NV, R>(q, keys, n, scores);
+  F16 held[R][NV];
+  for (int r = 0; r < R; ++r)
     for (int c = 0; c < NV; ++c) held[r][c] = q[r * NV + c];
-  auto qr = [&](int r, int c) -> F16 { return kF16Registers == 1 ? held[r][c] : q[r * NV + c]; };
   F16 parts[R][kKeys];
   for (int64_t j = 0; j < kKeys; ++j) {
     if (!key_in_group<NV>(parts, keys, j, n)) continue;
     F16 k[NV];
     for (int c = 0; c < NV; ++c) k[c] = load16(keys[j] + 16 * c);
     for (int r = 0; r < R; ++r) {
-      F16 part = k[0] * qr(r, 0);
-      for (int c = 1; c < NV; ++c) part += k[c] * qr(r, c);
+      F16 part = k[0] * held[r][0];
+      for (int c = 1; c < NV; ++c) part += k[c] * held[r][c];
       parts[r][j] = part;
     }
   }
@@ -270,6 +283,7 @@ void run_item(const WorkItem& w, const Geometry& g, const T* q, const T* k_cache
   // at head_dim 64 beat 4 rows on a prompt-chunk layer; on AVX2, 6 rows x one block)
   constexpr int64_t kSweepBlocks = kF16Registers == 1 ? NV : 1;
   constexpr int64_t kSweepRows = std::max<int64_t>(1, std::min<int64_t>(6, 24 / kSweepBlocks));
+  constexpr bool kHalves = kF16Registers == 2;
   const int64_t key_stride = g.num_kv_heads * NV * 16;
   const int64_t first_pos = context - new_tokens;  // position of new token 0
   const int64_t num_keys = first_pos + w.q_end;    // the tile's last token sees keys 0 .. num_keys-1
@@ -310,6 +324,7 @@ void run_item(const WorkItem& w, const Geometry& g, const T* q, const T* k_cache
     const int64_t sweep_groups = groups_seen(r0 + R - 1);
     for (int64_t c0 = 0; c0 < NV; c0 += B) {  // dims 16 c0 .. 16 (c0 + B) - 1
       F16 acc[R][B] = {};
+      F8 halves[R][2] = {};  // acc's sums on AVX2 (weigh_block_halves)
       for (int64_t kg = first_group(r0); kg < sweep_groups; ++kg) {
         const int64_t key0 = kg * kKeys, n = std::min(kKeys, num_keys - key0);
         const T* values[kKeys];
@@ -317,6 +332,10 @@ void run_item(const WorkItem& w, const Geometry& g, const T* q, const T* k_cache
         if (c0 == 0 && kg + 1 < sweep_groups) prefetch_group(v_cache, kvh, key0 + kKeys);
         const float* p[R];  // row r0 + i's probabilities of this group, read a lane at a time
         for (int64_t i = 0; i < R; ++i) p[i] = reinterpret_cast<const float*>(probs + (r0 + i) * key_groups + kg);
+        if constexpr (kHalves) {
+          weigh_block_halves<R>(values, n, 16 * c0, p, halves);
+          continue;
+        }
         for (int64_t j = 0; j < n; ++j) {  // j < n: slots past the last key are never read
           F16 v[B];
           for (int c = 0; c < B; ++c) v[c] = load16(values[j] + 16 * (c0 + c));
@@ -328,6 +347,12 @@ void run_item(const WorkItem& w, const Geometry& g, const T* q, const T* k_cache
         const int64_t r = r0 + i, token = w.q_begin + r / group, h = kvh * group + r % group;
         T* dst = out + (token0 + token) * g.out_stride_token + h * g.out_stride_head;
         const float inv = 1.f / row_sum[r];
+        if constexpr (kHalves) {
+          F16 sums;
+          std::memcpy(&sums, halves[i], sizeof(sums));
+          store16(dst + 16 * c0, sums * inv);
+          continue;
+        }
         for (int c = 0; c < B; ++c) store16(dst + 16 * (c0 + c), acc[i][c] * inv);
       }
     }
@@ -432,6 +457,22 @@ void run_item_few(const WorkItem& w, const Geometry& g, const T* q, const T* k_c
     const int64_t key0 = kg * kKeys, n = std::min(kKeys, num_keys - key0);
     for (int64_t kvh = 0; kvh < heads; ++kvh) {
       if (kg + 1 < key_groups) prefetch_rows(v_cache, key0 + kKeys, kvh, heads);
+      if constexpr (kF16Registers == 2) {
+        // AVX2: one 16-dim block of every row's sums at a time, in registers (weigh_block_halves)
+        const T* values[kKeys];
+        const float* p[R];
+        for (int64_t j = 0; j < n; ++j) values[j] = v_cache + offsets[key0 + j] + kvh * head_floats;
+        for (int64_t i = 0; i < R; ++i) p[i] = reinterpret_cast<const float*>(probs + (kvh * R + i) * key_groups + kg);
+        for (int c = 0; c < NV; ++c) {
+          F8 a[R][2];
+          for (int64_t i = 0; i < R; ++i)
+            for (int h = 0; h < 2; ++h) a[i][h] = load8(reinterpret_cast<const float*>(acc + (kvh * R + i) * NV + c) + 8 * h);
+          weigh_block_halves<R>(values, n, 16 * c, p, a);
+          for (int64_t i = 0; i < R; ++i)
+            std::memcpy(acc + (kvh * R + i) * NV + c, a[i], sizeof(F16));
+        }
+        continue;
+      }
       F16 a[R][NV], p[R];
       for (int64_t i = 0; i < R; ++i) {
         p[i] = probs[(kvh * R + i) * key_groups + kg];

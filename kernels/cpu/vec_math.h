@@ -63,6 +63,13 @@ inline F16 load16(const bf16* p) {
 #endif
 }
 
+// 8 of them, as load8 loads floats
+typedef uint16_t U16x8Unaligned __attribute__((vector_size(16), aligned(2)));
+typedef uint32_t U32x8 __attribute__((vector_size(32)));
+inline F8 load8(const bf16* p) {
+  return __builtin_bit_cast(F8, __builtin_convertvector(*reinterpret_cast<const U16x8Unaligned*>(p), U32x8) << 16);
+}
+
 inline void store16(bf16* p, F16 v) {
 #if defined(__AVX512BF16__)
   const __m256bh r = _mm512_cvtneps_pbh(__builtin_bit_cast(__m512, v));
