@@ -124,8 +124,8 @@ def cpu_flags() -> frozenset[str]:
 
 @functools.cache  # /proc/cpuinfo once: the linears ask on every call
 def has_avx512() -> bool:
-    """The kernels are written for AVX-512 registers; without it (AVX2) GCC's code for them compiles
-    for minutes and runs slower than oneDNN, so callers pick other paths."""
+    """Whether the CPU has AVX-512: the kernels' 16-lane vectors are one register there, two AVX2
+    registers elsewhere, and a few paths are chosen by it (bulkrun.model.linear)."""
     return "avx512f" in cpu_flags()
 
 
@@ -145,14 +145,8 @@ def _cpuinfo_lines(keys: tuple[str, ...]) -> list[str]:
 
 def _compile(target_dir: Path, target: Path) -> None:
     cxx, (includes, lib_dir) = compiler(), _torch_dirs()
-    # the kernels are written for AVX-512 registers; GCC's code for two AVX2 registers per vector takes
-    # it far longer (the whole build ~5 minutes on a 2-core Zen box)
-    if has_avx512():
-        log.info("compiling the CPU native kernels once for this machine (about 15 s)")
-    else:  # worth a warning: the first job seems to hang
-        log.warning(
-            "compiling the CPU native kernels once for this machine (about 5 minutes without AVX-512)"
-        )
+    # worth a line: the first job waits for it (~50 s on 2 cores, AVX-512 or AVX2)
+    log.info("compiling the CPU native kernels once for this machine (about a minute)")
     with tempfile.TemporaryDirectory(dir=target_dir) as tmp:
         objects = [str(Path(tmp) / (name + ".o")) for name in SOURCES]
         compile_cmds = [

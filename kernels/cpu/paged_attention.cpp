@@ -75,7 +75,8 @@ inline void cap_scores(F16* s, int64_t n, float cap) {
 inline F16 mask_keys(F16 scores, int64_t key0, int64_t first, int64_t last) {
   const I16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   const int32_t lo = static_cast<int32_t>(first - key0), hi = static_cast<int32_t>(last - key0);
-  return (lane <= hi) & (lane >= lo) ? scores : splat(-std::numeric_limits<float>::infinity());
+  const F16 masked = splat(-std::numeric_limits<float>::infinity());
+  return where_greater(lane, hi, masked, where_greater(-lane, -lo, masked, scores));  // past hi, before lo
 }
 
 struct WorkItem {
@@ -177,7 +178,7 @@ inline float softmax_row(F16* pr, int64_t begin, int64_t seen, int64_t key_group
     // below e^-87 a probability is exactly 0: invisible next to the row's largest term (1), and
     // it keeps subnormal products (slow on most CPUs) out of the value sums
     const F16 shifted = pr[kg] - row_max;
-    const F16 p = shifted > splat(-87.0f) ? vec_exp<false>(shifted) : F16{};  // (shifted <= 0)
+    const F16 p = where_greater(shifted, -87.0f, vec_exp<false>(shifted), F16{});  // (shifted <= 0)
     pr[kg] = p;
     sum += p;
   }

@@ -34,6 +34,39 @@ inline F8 load8(const float* p) {
 inline void store16(float* p, F16 v) { *reinterpret_cast<F16Unaligned*>(p) = v; }
 inline F16 splat(float x) { return F16{} + x; }
 
+// Lane i of the result: x[i] > y[i] ? a[i] : b[i] (y may be one value for every lane; on plain
+// values, the plain ?:). GCC 12 compares and selects a 64-byte vector lane by lane, with branches,
+// where vectors are 32 bytes (AVX2): there it goes as two 8-lane halves, a compare and a blend each.
+// The same lanes either way.
+template <typename V>
+struct Halves {
+  typedef std::remove_cv_t<std::remove_reference_t<decltype(V{}[0])>> Lane;
+  typedef Lane Half __attribute__((vector_size(sizeof(V) / 2)));
+  Half h[2];
+  explicit Halves(V v) { std::memcpy(h, &v, sizeof(V)); }
+};
+template <typename X, typename Y, typename V>
+inline V where_greater(X x, Y y, V a, V b) {
+#ifdef __AVX512F__
+  return x > y ? a : b;
+#else
+  if constexpr (std::is_arithmetic_v<X>) {
+    return x > y ? a : b;
+  } else {
+    const Halves<X> xs(x);
+    const Halves<V> as(a), bs(b);
+    typename Halves<V>::Half out[2];
+    for (int i = 0; i < 2; ++i) {
+      if constexpr (std::is_arithmetic_v<Y>) out[i] = xs.h[i] > y ? as.h[i] : bs.h[i];
+      else out[i] = xs.h[i] > Halves<Y>(y).h[i] ? as.h[i] : bs.h[i];
+    }
+    V v;
+    std::memcpy(&v, out, sizeof(V));
+    return v;
+  }
+#endif
+}
+
 typedef uint16_t bf16;
 typedef uint16_t U16x16Unaligned __attribute__((vector_size(32), aligned(2)));
 typedef uint32_t U32x16 __attribute__((vector_size(64)));
@@ -86,7 +119,7 @@ inline U32x16 nearest_bf16_bits(F16 v) {
   const U32x16 u = __builtin_bit_cast(U32x16, v);
   const U32x16 nan = (u >> 16) | 0x40u;
   const U32x16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  return (u & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
+  return where_greater(u & 0x7fffffffu, 0x7f800000u, nan, rounded);
 }
 inline F16 round_bf16(F16 v) { return __builtin_bit_cast(F16, nearest_bf16_bits(v) << 16); }
 inline void store16_nearest(bf16* p, F16 v) {
@@ -144,9 +177,9 @@ inline void prefetch_l2(const void* p) {
 }
 
 template <typename T>
-inline T select_max(T a, T b) { return a > b ? a : b; }
+inline T select_max(T a, T b) { return where_greater(a, b, a, b); }
 template <typename T>
-inline T select_min(T a, T b) { return a < b ? a : b; }
+inline T select_min(T a, T b) { return where_greater(b, a, a, b); }
 
 // exp(x) to ~1 ulp for x in [-87, 88] (Cephes expf). Inputs below -87 give exp(-87) ~ 1.6e-38:
 // callers that need an exact 0 (masked softmax lanes) select it themselves. kClamp = false: the
