@@ -1,8 +1,8 @@
 // Small math for the CPU kernels, written for the compiler's vector extensions: `F16` is one AVX-512
 // register of 16 floats (two AVX2 registers where AVX-512 is missing; the cross-lane steps and the
 // selects have AVX2 versions, as generic 16-lane shuffles, compares and ?: compile to lane-by-lane
-// code there). The same templates work on
-// plain floats, so `#pragma omp simd` loops over them vectorize too.
+// code there). The same templates work on plain floats, so `#pragma omp simd` loops over them
+// vectorize too.
 //
 // Tensors are float32 or bfloat16; a bfloat16 element is held as its bits, `bf16` (torch's
 // at::BFloat16 has the same layout). Kernels compute in float32 either way: load16 / to_float widen
