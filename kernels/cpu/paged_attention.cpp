@@ -97,8 +97,23 @@ void score_keys(const F16* q, int64_t rows, const T* const* keys, int64_t n, F16
   }
   // q holds whole blocks of kRowBlock rows (zero rows pad the last), so no row is guarded
   for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
-    F16 acc[kRowBlock] = {};
     const float* qf = reinterpret_cast<const float*>(q + r0 * NV);
+    if constexpr (kF16Registers == 2) {  // AVX2: the sums as 8-lane halves in registers (as weigh_block_halves)
+      F8 halves[kRowBlock][2] = {};
+      for (int c = 0; c < NV; ++c)
+        for (int x = 0; x < 16; ++x) {
+          const float* k = reinterpret_cast<const float*>(&keys_t[c][x]);
+          const F8 k0 = load8(k), k1 = load8(k + 8);
+          for (int64_t i = 0; i < kRowBlock; ++i) {
+            const float qv = qf[i * NV * 16 + c * 16 + x];
+            halves[i][0] += k0 * qv;
+            halves[i][1] += k1 * qv;
+          }
+        }
+      for (int64_t i = 0; i < std::min(kRowBlock, rows - r0); ++i) std::memcpy(scores + r0 + i, halves[i], sizeof(F16));
+      continue;
+    }
+    F16 acc[kRowBlock] = {};
     for (int c = 0; c < NV; ++c)
       for (int x = 0; x < 16; ++x) {
         const F16 k = keys_t[c][x];
