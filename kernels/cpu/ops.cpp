@@ -71,12 +71,26 @@ void rms_norm_typed(const at::Tensor& x, const at::Tensor& residual, const at::T
       const R* res = rp ? rp + i * rs : nullptr;
       R* ri = rop + i * ros;
       F16 squares = F16{};
-      for (int64_t j = 0; j < h16; j += 16) {
-        const F16 sum = res ? load16(xi + j) + load16(res + j) : load16(xi + j);
-        const F16 vj = round_to(sum, R{});
-        store16(v + j, vj);
-        store16_nearest(ri + j, vj);
-        squares += vj * vj;
+      if constexpr (kF16IsTwoRegisters && std::is_same_v<X, float> && std::is_same_v<R, float>) {
+        // AVX2 fp32 (its default dtype): the same sums as two 8-lane halves in registers; GCC kept
+        // the F16 ones on the stack and stored them in 16-byte pieces
+        F8 square_halves[2] = {};
+        for (int64_t j = 0; j < h16; j += 8) {
+          F8 vj = load8(xi + j);
+          if (res) vj += load8(res + j);
+          store8(v + j, vj);
+          store8(ri + j, vj);
+          square_halves[(j / 8) % 2] += vj * vj;
+        }
+        std::memcpy(&squares, square_halves, sizeof(F16));
+      } else {
+        for (int64_t j = 0; j < h16; j += 16) {
+          const F16 sum = res ? load16(xi + j) + load16(res + j) : load16(xi + j);
+          const F16 vj = round_to(sum, R{});
+          store16(v + j, vj);
+          store16_nearest(ri + j, vj);
+          squares += vj * vj;
+        }
       }
       float total = lane_sum(squares);
       for (int64_t j = h16; j < h; ++j) {

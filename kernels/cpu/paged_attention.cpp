@@ -36,11 +36,7 @@ constexpr int64_t kKeys = 16;  // keys per score vector (one F16)
 // How many vector registers an F16 takes: one on AVX-512, two 8-float ones on AVX2, whose 16
 // registers then hold half as many F16 sums; the row blocks below shrink with it, so the sums stay
 // in registers (the same chains in any blocking: the same bits).
-#ifdef __AVX512F__
-constexpr int kF16Registers = 1;
-#else
-constexpr int kF16Registers = 2;
-#endif
+constexpr int kF16Registers = kF16IsTwoRegisters ? 2 : 1;
 constexpr int64_t kRowBlock = kF16Registers == 1 ? 8 : 6;  // query rows scored together against transposed keys
 // decode rows: each group of keys is prefetched into L2 a group ahead, and each key into L1 this many
 // keys ahead (docs/benchmarks.md, design figures)

@@ -32,7 +32,15 @@ inline F8 load8(const float* p) {
   std::memcpy(&v, p, sizeof(F8));
   return v;
 }
+inline void store8(float* p, F8 v) { std::memcpy(p, &v, sizeof(F8)); }
 inline void store16(float* p, F16 v) { *reinterpret_cast<F16Unaligned*>(p) = v; }
+// Whether an F16 takes two registers (AVX2): code whose F16 values GCC would keep on the stack there
+// has an 8-lane-halves form
+#ifdef __AVX512F__
+constexpr bool kF16IsTwoRegisters = false;
+#else
+constexpr bool kF16IsTwoRegisters = true;
+#endif
 inline F16 splat(float x) { return F16{} + x; }
 
 // Lane i of the result: x[i] > y[i] ? a[i] : b[i] (y may be one value for every lane; on plain
