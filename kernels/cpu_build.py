@@ -161,6 +161,17 @@ def _compile(target_dir: Path, target: Path) -> None:
         os.replace(staged, target)  # atomic: a reader sees no library or a whole one
 
 
+def check_compiles_for(march: str) -> None:
+    """Compile every source for another CPU (`-march=<march>`), syntax and template instantiation
+    only: the paths this machine's build leaves out (AVX2's 8-lane halves, AMX tiles) must compile
+    too. RuntimeError names the first failure."""
+    cxx, (includes, _) = compiler(), _torch_dirs()
+    flags = [f for f in _flags() if not f.startswith("-march=")] + [f"-march={march}", "-fsyntax-only"]
+    cmds = [[cxx, *flags, *(f"-I{i}" for i in includes), str(SOURCE_DIR / src)] for src in SOURCES]
+    with ThreadPoolExecutor(len(cmds)) as pool:
+        list(pool.map(_run, cmds))
+
+
 def _run(cmd: list[str]) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:

@@ -49,3 +49,17 @@ def test_another_build_can_be_named(monkeypatch, tmp_path):
     monkeypatch.setenv("BULKRUN_CPU_LIBRARY", str(library))
     monkeypatch.setattr(cpu_build, "_compile", lambda *a: pytest.fail("compiled"))
     assert cpu_build.build() == library
+
+
+@pytest.mark.parametrize("march", ["haswell", "sapphirerapids"])  # AVX2 + FMA only; AVX-512 BF16 + AMX
+def test_the_kernels_compile_for_cpus_other_than_this_one(march):
+    """A build compiles only this CPU's paths; the others (AVX2's halves, AMX tiles) are checked here."""
+    if not cpu_build.compiler_available():
+        pytest.skip("no C++ compiler")
+    probe = subprocess.run(
+        [cpu_build.compiler(), f"-march={march}", "-x", "c++", "-fsyntax-only", os.devnull],
+        capture_output=True,
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"this compiler does not know -march={march}")
+    cpu_build.check_compiles_for(march)
