@@ -51,7 +51,8 @@ def test_another_build_can_be_named(monkeypatch, tmp_path):
     assert cpu_build.build() == library
 
 
-@pytest.mark.parametrize("march", ["haswell", "sapphirerapids"])  # AVX2 + FMA only; AVX-512 BF16 + AMX
+# AVX2 + FMA only; AVX-512 without bf16 dot products (fp32 by default there); AVX-512 BF16 + AMX
+@pytest.mark.parametrize("march", ["haswell", "cascadelake", "sapphirerapids"])
 def test_the_kernels_compile_for_cpus_other_than_this_one(march):
     """A build compiles only this CPU's paths; the others (AVX2's halves, AMX tiles) are checked here."""
     if not cpu_build.compiler_available():
