@@ -150,7 +150,7 @@ def _compile(target_dir: Path, target: Path) -> None:
     with tempfile.TemporaryDirectory(dir=target_dir) as tmp:
         objects = [str(Path(tmp) / (name + ".o")) for name in SOURCES]
         compile_cmds = [
-            [cxx, *_flags(), *(f"-I{i}" for i in includes), "-c", str(SOURCE_DIR / src), "-o", obj]
+            [*_compile_command(cxx, includes, src, _flags()), "-c", "-o", obj]
             for src, obj in zip(SOURCES, objects, strict=True)
         ]
         with ThreadPoolExecutor(len(compile_cmds)) as pool:  # the sources compile in parallel
@@ -167,9 +167,13 @@ def check_compiles_for(march: str) -> None:
     too. RuntimeError names the first failure."""
     cxx, (includes, _) = compiler(), _torch_dirs()
     flags = [f for f in _flags() if not f.startswith("-march=")] + [f"-march={march}", "-fsyntax-only"]
-    cmds = [[cxx, *flags, *(f"-I{i}" for i in includes), str(SOURCE_DIR / src)] for src in SOURCES]
+    cmds = [_compile_command(cxx, includes, src, flags) for src in SOURCES]
     with ThreadPoolExecutor(len(cmds)) as pool:
         list(pool.map(_run, cmds))
+
+
+def _compile_command(cxx: str, includes: list[str], src: str, flags: list[str]) -> list[str]:
+    return [cxx, *flags, *(f"-I{i}" for i in includes), str(SOURCE_DIR / src)]
 
 
 def _run(cmd: list[str]) -> None:

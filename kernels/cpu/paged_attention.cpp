@@ -33,11 +33,10 @@ namespace {
 constexpr int64_t kQueryTile = 32;
 constexpr int64_t kAmxQueryTile = 64;  // on AMX: each item reads its keys and values once, for more rows
 constexpr int64_t kKeys = 16;  // keys per score vector (one F16)
-// How many vector registers an F16 takes: one on AVX-512, two 8-float ones on AVX2, whose 16
-// registers then hold half as many F16 sums; the row blocks below shrink with it, so the sums stay
-// in registers (the same chains in any blocking: the same bits).
-constexpr int kF16Registers = kF16IsTwoRegisters ? 2 : 1;
-constexpr int64_t kRowBlock = kF16Registers == 1 ? 8 : 6;  // query rows scored together against transposed keys
+// Where an F16 is two registers (AVX2: 16 registers of 8 floats, kF16IsTwoRegisters) half as many
+// F16 sums fit: the row blocks below shrink with it, so the sums stay in registers (the same chains
+// in any blocking: the same bits).
+constexpr int64_t kRowBlock = kF16IsTwoRegisters ? 6 : 8;  // query rows scored together against transposed keys
 // decode rows: each group of keys is prefetched into L2 a group ahead, and each key into L1 this many
 // keys ahead (docs/benchmarks.md, design figures)
 constexpr int64_t kL1Ahead = 4;
@@ -94,7 +93,7 @@ void score_keys(const F16* q, int64_t rows, const T* const* keys, int64_t n, F16
   // q holds whole blocks of kRowBlock rows (zero rows pad the last), so no row is guarded
   for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
     const float* qf = reinterpret_cast<const float*>(q + r0 * NV);
-    if constexpr (kF16Registers == 2) {  // AVX2: the sums as 8-lane halves in registers (as weigh_block_halves)
+    if constexpr (kF16IsTwoRegisters) {  // AVX2: the sums as 8-lane halves in registers (as weigh_block_halves)
       F8 halves[kRowBlock][2] = {};
       for (int c = 0; c < NV; ++c)
         for (int x = 0; x < 16; ++x) {
@@ -253,7 +252,7 @@ inline void weigh_block_halves(const T* const* values, int64_t n, int64_t dim0, 
 // and the rows' queries held in registers (the row-by-row loop reloaded both for every product).
 template <int NV, int R, typename T>
 void score_keys_few(const F16* q, const T* const* keys, int64_t n, F16* scores) {
-  if constexpr (kF16Registers == 2) return score_keys_few_halves<NV, R>(q, keys, n, scores);
+  if constexpr (kF16IsTwoRegisters) return score_keys_few_halves<NV, R>(q, keys, n, scores);
   F16 held[R][NV];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < NV; ++c) held[r][c] = q[r * NV + c];
@@ -293,9 +292,8 @@ void run_item(const WorkItem& w, const Geometry& g, const T* q, const T* k_cache
   const int64_t tile = w.q_end - w.q_begin, group = g.group, rows = tile * group;
   // rows and 16-dim blocks per sweep over the values: their R x blocks sums stay in registers (6 x 4
   // at head_dim 64 beat 4 rows on a prompt-chunk layer; on AVX2, 6 rows x one block)
-  constexpr int64_t kSweepBlocks = kF16Registers == 1 ? NV : 1;
+  constexpr int64_t kSweepBlocks = kF16IsTwoRegisters ? 1 : NV;
   constexpr int64_t kSweepRows = std::max<int64_t>(1, std::min<int64_t>(6, 24 / kSweepBlocks));
-  constexpr bool kHalves = kF16Registers == 2;
   const int64_t key_stride = g.num_kv_heads * NV * 16;
   const int64_t first_pos = context - new_tokens;  // position of new token 0
   const int64_t num_keys = first_pos + w.q_end;    // the tile's last token sees keys 0 .. num_keys-1
@@ -344,7 +342,7 @@ void run_item(const WorkItem& w, const Geometry& g, const T* q, const T* k_cache
         if (c0 == 0 && kg + 1 < sweep_groups) prefetch_group(v_cache, kvh, key0 + kKeys);
         const float* p[R];  // row r0 + i's probabilities of this group, read a lane at a time
         for (int64_t i = 0; i < R; ++i) p[i] = reinterpret_cast<const float*>(probs + (r0 + i) * key_groups + kg);
-        if constexpr (kHalves) {
+        if constexpr (kF16IsTwoRegisters) {
           weigh_block_halves<R>(values, n, 16 * c0, p, halves);
           continue;
         }
@@ -359,7 +357,7 @@ void run_item(const WorkItem& w, const Geometry& g, const T* q, const T* k_cache
         const int64_t r = r0 + i, token = w.q_begin + r / group, h = kvh * group + r % group;
         T* dst = out + (token0 + token) * g.out_stride_token + h * g.out_stride_head;
         const float inv = 1.f / row_sum[r];
-        if constexpr (kHalves) {
+        if constexpr (kF16IsTwoRegisters) {
           F16 sums;
           std::memcpy(&sums, halves[i], sizeof(sums));
           store16(dst + 16 * c0, sums * inv);
@@ -469,7 +467,7 @@ void run_item_few(const WorkItem& w, const Geometry& g, const T* q, const T* k_c
     const int64_t key0 = kg * kKeys, n = std::min(kKeys, num_keys - key0);
     for (int64_t kvh = 0; kvh < heads; ++kvh) {
       if (kg + 1 < key_groups) prefetch_rows(v_cache, key0 + kKeys, kvh, heads);
-      if constexpr (kF16Registers == 2) {
+      if constexpr (kF16IsTwoRegisters) {
         // AVX2: one 16-dim block of every row's sums at a time, in registers (weigh_block_halves)
         const T* values[kKeys];
         const float* p[R];
