@@ -117,21 +117,12 @@ inline void unpermute_dims(F16 even, F16 odd, F16& first, F16& second) {
   second = __builtin_bit_cast(F16, _mm512_permutex2var_ps(e, hi, o));
 }
 
-// The next item's first keys and values a decode item fetches (both: this item's first pass reads
-// them together): about what its softmax and P V pass overlaps at ~15 GB/s a core (~100 KB), so the
-// fetches end with it rather than stall it.
-constexpr int64_t kNextAmxItemKeys = 128;
-
 constexpr int64_t kGatherRows = 4;  // up to this many real rows in a block: gathered columns beat a 16 x 16 transpose
 
 // The caller configures the tiles (configure_tiles) once per thread and call, not per item.
-// next_keys, next_values (null: none): the first rows of the item this thread runs next; a decode
-// item (one row block) fetches them into L2 during its softmax and P V pass, which reads only its
-// own buffers and would leave DRAM idle while the next item's first key groups wait on it.
 template <int NV>
 void run_item_amx(const WorkItem& w, const Geometry& g, const bf16* q, const bf16* k_cache, const bf16* v_cache,
-                  const int32_t* table, int64_t token0, int64_t new_tokens, int64_t context, bf16* out,
-                  NextItemKeys<bf16>* next_keys, NextItemKeys<bf16>* next_values) {
+                  const int32_t* table, int64_t token0, int64_t new_tokens, int64_t context, bf16* out) {
   static_assert(NV % 2 == 0, "a tile row holds 32 dims: head_dim must be a multiple of 32");
   constexpr int64_t D = NV * 16, kSteps = D / 32;
   const int64_t tile = w.q_end - w.q_begin, group = g.group, rows = tile * group;
@@ -253,10 +244,6 @@ void run_item_amx(const WorkItem& w, const Geometry& g, const bf16* q, const bf1
     }
   }
 
-  if (blocks > 1) next_keys = next_values = nullptr;
-  // the next item's lines, spread over the probability splits below (at most heads * rows * held)
-  const int64_t next_lines_per_split =
-      next_keys ? (next_keys->lines() + heads * rows * held - 1) / (heads * rows * held) : 0;
   for (int64_t kvh = 0; kvh < heads; ++kvh) {
     F16* head_scores = scores.data() + kvh * scores_head;
     const bf16* head_values = values.data() + kvh * values_head;
@@ -268,10 +255,6 @@ void run_item_amx(const WorkItem& w, const Geometry& g, const bf16* q, const bf1
         F16* pr = head_scores + r * held;
         row_sum[r] = softmax_row(pr, first_group(r) - g0, groups_seen(r) - g0, held, g.sink(kvh * group + r % group));
         for (int64_t kg = 2 * cb0; kg < std::min(2 * cb1, held); ++kg) {
-          if (next_keys) {
-            next_keys->advance(next_lines_per_split);
-            next_values->advance(next_lines_per_split);
-          }
           const __m256bh hi = _mm512_cvtneps_pbh(__builtin_bit_cast(__m512, pr[kg]));
           const F16 back = load16(reinterpret_cast<const bf16*>(&hi));
           const __m256bh lo = _mm512_cvtneps_pbh(__builtin_bit_cast(__m512, pr[kg] - back));

@@ -36,14 +36,14 @@ constexpr int kDpScoreGroups = 4;  // key groups transposed together (a decode r
 constexpr int64_t kEarlyValueBytes = 512 << 10;  // an item's keys and values below this stay in L2 together
 constexpr int64_t kNextItemKeys = 512;  // the next item's first keys fetched during a decode item's value pass
 
-// The first keys (up to max_keys) that item w reads, for a thread to prefetch while it runs the
+// The first keys (up to kNextItemKeys) that item w reads, for a thread to prefetch while it runs the
 // item before it; k_cache's rows hold every kv head of a key (key_stride elements).
 inline NextItemKeys<bf16> first_keys_of(const WorkItem& w, const Geometry& g, const bf16* k_cache,
                                         const int32_t* tables, const int32_t* starts, const int32_t* lens,
-                                        int64_t key_stride, int64_t max_keys = kNextItemKeys) {
+                                        int64_t key_stride) {
   const int64_t first_pos = lens[w.seq] - (starts[w.seq + 1] - starts[w.seq]) + w.q_begin;
   const int64_t first = g.first_key(first_pos) / kKeys * kKeys;
-  const int64_t last = std::min<int64_t>(first_pos + (w.q_end - w.q_begin), first + max_keys);
+  const int64_t last = std::min<int64_t>(first_pos + (w.q_end - w.q_begin), first + kNextItemKeys);
   return NextItemKeys<bf16>(k_cache, tables + w.seq * g.max_blocks, g.block_size, key_stride, first, last);
 }
 

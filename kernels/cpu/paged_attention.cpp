@@ -545,14 +545,7 @@ void run_all(const std::vector<WorkItem>& items, const Geometry& g, const T* q, 
 #ifdef BULKRUN_AMX
         if constexpr (NV % 2 == 0)
           if (path == Bf16Path::kAmx) {
-            if (ahead < count) {
-              const int64_t key_stride = g.num_kv_heads * NV * 16;
-              NextItemKeys<bf16> next_keys = first_keys_of(items[ahead], g, k, tables, starts, lens, key_stride, kNextAmxItemKeys);
-              NextItemKeys<bf16> next_values = first_keys_of(items[ahead], g, v, tables, starts, lens, key_stride, kNextAmxItemKeys);
-              run_item_amx<NV>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out, &next_keys, &next_values);
-            } else {
-              run_item_amx<NV>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out, nullptr, nullptr);
-            }
+            run_item_amx<NV>(w, g, q, k, v, table, token0, new_tokens, lens[w.seq], out);
             continue;
           }
 #endif
