@@ -17,9 +17,9 @@ def test_a_large_gpu_gets_vllm_sized_steps():
     assert (small.max_num_batched_tokens, small.max_num_seqs) == (8192, 256)
 
 
-def test_the_cpu_keeps_small_steps_and_the_user_value_wins():
+def test_the_cpu_takes_smaller_steps_and_the_user_value_wins():
     cpu = choose_limits(EngineConfig(), "cpu")
-    assert (cpu.max_num_batched_tokens, cpu.max_num_seqs) == (1024, 256)
+    assert (cpu.max_num_batched_tokens, cpu.max_num_seqs) == (2048, 256)
     mine = choose_limits(EngineConfig(max_num_batched_tokens=512, max_num_seqs=8), "cuda", 141 << 30)
     assert (mine.max_num_batched_tokens, mine.max_num_seqs, mine.chosen_for_device) == (512, 8, False)
     assert set(mine.as_dict()) >= {
@@ -32,7 +32,7 @@ def test_the_cpu_keeps_small_steps_and_the_user_value_wins():
 
 def test_the_engine_runs_with_the_limits_the_runner_chose(make_engine):
     engine, runner = make_engine()
-    assert engine.scheduler.max_num_batched_tokens == 1024 and engine.limits.device == "cpu"
+    assert engine.scheduler.max_num_batched_tokens == 2048 and engine.limits.device == "cpu"
     runner.limits = choose_limits(EngineConfig(), "cuda", 141 << 30)
     from bulkrun.engine.core.engine import Engine
 

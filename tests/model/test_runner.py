@@ -43,7 +43,7 @@ def test_runner_exposes_what_the_engine_needs(setup):
     assert runner.num_blocks == (1 << 20) // (2 * 2 * BLOCK * 2 * 32 * 4) - 1
     assert runner.padding_block == runner.num_blocks
     limits = runner.limits  # what a report prints: the budget chosen for the device and the cache
-    assert (limits.device, limits.max_num_batched_tokens, limits.max_num_seqs) == ("cpu", 1024, 256)
+    assert (limits.device, limits.max_num_batched_tokens, limits.max_num_seqs) == ("cpu", 2048, 256)
     assert limits.num_kv_blocks == runner.num_blocks and limits.kv_cache_bytes == 1 << 20
     assert 2 in runner.eos_token_ids
     assert runner.tokenizer.encode("w5 w6", add_special_tokens=False) == [5, 6]

@@ -2,7 +2,7 @@
 
 When the user gives no budget it is chosen for the device, as vLLM's offline defaults do: a large
 GPU wants big steps to fill its SMs (>= 70 GiB: 16,384 tokens and 1,024 sequences; a smaller one
-8,192 and 256); the CPU keeps small steps, whose matmuls stay in cache. The runner fills in the KV
+8,192 and 256); the CPU takes smaller steps (2,048 tokens, 256 sequences). The runner fills in the KV
 cache it sized, after profiling a step at the full budget, so a report can print the choices.
 """
 

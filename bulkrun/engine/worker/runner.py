@@ -36,7 +36,7 @@ from bulkrun_kernels.reference import plan_attention
 
 log = logging.getLogger(__name__)
 
-PREMAP_STEPS = 16  # full steps' tokens of KV cache mapped while the model loads (CPU)
+PREMAP_STEPS = 8  # full steps' tokens of KV cache mapped while the model loads (CPU): 16,384 by default
 
 _request_id = attrgetter("request_id")
 _params = attrgetter("params")
