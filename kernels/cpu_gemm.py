@@ -3,6 +3,8 @@ or, on CPUs without AMX, on AVX512-BF16 dot products (kernels/cpu/dpbf16_gemm.cp
 
     wp = pack_amx(weight)                      # once per weight: [N, K] -> [ceil(N/16), K/32, 16, 32]
     y = bf16_gemm(x, wp, bias, out_features)   # x [M, K] bf16 -> [M, N] bf16 (or out_dtype)
+    h = gated_gemm(x, interleave_gate_up(wp), interleave_gate_up(bias), n // 2, "silu")  # AMX:
+                                               # silu(gate) * up of a gate_up projection, in one pass
 
 A row's output bits do not depend on M or on the other rows (the batch-invariance contract). The
 two kernels round alike but sum in their own order: a machine runs one of them, always the same.
@@ -27,6 +29,11 @@ def dpbf16_available() -> bool:
     return ops is not None and hasattr(ops, "dpbf16_gemm") and bool(ops.dpbf16_gemm_available())
 
 
+def gated_gemm_available() -> bool:
+    """Whether amx_gemm_gated (a gate_up projection with its gated activation) runs here."""
+    return amx_available() and hasattr(torch.ops.bulkrun_cpu, "amx_gemm_gated")
+
+
 def fixed_order_bf16_kernel() -> str | None:
     """The fixed-order bf16 GEMM this CPU runs: "amx", "dpbf16" (AVX512-BF16), or None."""
     if amx_available():
@@ -48,6 +55,20 @@ def pack_amx(weight: torch.Tensor) -> torch.Tensor:
     padded[:n] = weight
     tiles = padded.view(blocks, COLS, k // STEP, STEP // 2, 2).permute(0, 2, 3, 1, 4)
     return tiles.reshape(blocks, k // STEP, STEP // 2, 2 * COLS).contiguous()
+
+
+def interleave_gate_up(packed: torch.Tensor | None) -> torch.Tensor | None:
+    """A gate_up projection's column blocks (dim 0 of pack_amx's tiles, or of pad_bias's bias viewed
+    as [NB, 16]) from all gate blocks, then all up blocks, to gate 0, up 0, gate 1, up 1, ...:
+    amx_gemm_gated's layout. The gate half must be whole blocks (intermediate size a multiple of 16)."""
+    if packed is None:
+        return None
+    blocks = packed.reshape(-1, COLS) if packed.dim() == 1 else packed
+    if blocks.shape[0] % 2:
+        raise ValueError("gate_up's halves must be whole column blocks of 16")
+    half = blocks.shape[0] // 2
+    out = torch.stack((blocks[:half], blocks[half:]), dim=1).reshape(blocks.shape).contiguous()
+    return out.reshape(packed.shape)
 
 
 def pad_bias(bias: torch.Tensor | None, wp: torch.Tensor) -> torch.Tensor | None:
@@ -74,6 +95,20 @@ def bf16_gemm(
         x = x.contiguous()
     y = torch.empty(x.shape[0], out_features, dtype=out_dtype)
     _gemm_op(kernel or fixed_order_bf16_kernel())(x, wp, bias, y)
+    return y
+
+
+def gated_gemm(
+    x: torch.Tensor, wp: torch.Tensor, bias: torch.Tensor | None, out_features: int, activation: str
+) -> torch.Tensor:
+    """act(gate) * up [M, out_features] of x times interleave_gate_up's tiles (amx_gemm_gated): the
+    bits of bf16_gemm then silu_and_mul / gelu_tanh_and_mul."""
+    if x.dtype != torch.bfloat16:
+        raise TypeError(f"gated_gemm takes bfloat16 input, got {x.dtype}")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    y = torch.empty(x.shape[0], out_features, dtype=torch.bfloat16)
+    torch.ops.bulkrun_cpu.amx_gemm_gated.default(x, wp, bias, activation, y)
     return y
 
 

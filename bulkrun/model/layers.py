@@ -81,6 +81,11 @@ class Attention(nn.Module):
 _GATED_OPS = {"silu": "silu_and_mul", "gelu_tanh": "gelu_tanh_and_mul"}
 
 
+def fuse_gated_mlps(model: nn.Module) -> int:
+    """Fuse every packed GatedMLP's gate_up with its activation where the kernels allow; how many."""
+    return sum(m.fuse_gate_up() for m in model.modules() if isinstance(m, GatedMLP))
+
+
 class GatedMLP(nn.Module):
     """down(act(gate) * up), gate and up in one fused projection: SwiGLU (silu) or GeGLU (gelu_tanh)."""
 
@@ -89,6 +94,14 @@ class GatedMLP(nn.Module):
         self.gate_up = Linear(hidden, 2 * intermediate, bias)
         self.down = Linear(intermediate, hidden, bias)
         self.op = _GATED_OPS[activation]
+        self.activation = activation
+
+    def fuse_gate_up(self) -> bool:
+        """Run gate_up and the activation as one GEMM where its tiles allow (Linear.fuse_gated)."""
+        return self.gate_up.fuse_gated(self.activation)
 
     def forward(self, ops, x: torch.Tensor) -> torch.Tensor:
-        return self.down(getattr(ops, self.op)(self.gate_up(x)))
+        h = self.gate_up.gated_forward(x)
+        if h is None:
+            h = getattr(ops, self.op)(self.gate_up(x))
+        return self.down(h)

@@ -29,7 +29,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from bulkrun_kernels.cpu_build import cpu_flags, has_avx512
-from bulkrun_kernels.cpu_gemm import amx_packable, bf16_gemm, fixed_order_bf16_kernel, pack_amx, pad_bias
+from bulkrun_kernels.cpu_gemm import (
+    COLS,
+    amx_packable,
+    bf16_gemm,
+    fixed_order_bf16_kernel,
+    gated_gemm,
+    gated_gemm_available,
+    interleave_gate_up,
+    pack_amx,
+    pad_bias,
+)
 
 PANEL = 32  # columns per panel of the native small_gemm layout
 SMALL_ROWS = 128  # at or below this many rows the panel kernel beats oneDNN here
@@ -95,6 +105,8 @@ class Linear(nn.Module):
         self.tiles: torch.Tensor | None = None  # the fixed-order bf16 GEMM's layout (cpu_gemm.pack_amx)
         self.tile_bias: torch.Tensor | None = None
         self.tile_kernel: str | None = None  # the op that runs them: "amx" or "dpbf16" (cpu_gemm)
+        # a gate_up projection whose tiles are packed for the gated GEMM (fuse_gated): its activation
+        self.gated: str | None = None
         self.invariant = True  # every row count takes one fixed-order kernel (set_batch_invariant)
         # where oneDNN has no bf16 path (AVX2 CPUs) a bf16 layer keeps fp32 weights and computes in
         # fp32: inputs and outputs stay in this dtype (pack_for_cpu's upcast)
@@ -119,9 +131,30 @@ class Linear(nn.Module):
         """Whether a call of this many rows runs the fixed-order bf16 GEMM (its tiles)."""
         return self.tiles is not None and (self.invariant or self.packed is None or rows <= SMALL_ROWS)
 
+    def fuse_gated(self, activation: str) -> bool:
+        """Pack this gate_up projection's tiles for amx_gemm_gated, which applies the gated
+        activation to its own output (the bits of the product then the activation op, without the
+        product's pass through memory); True where it did: AMX tiles, each half whole column blocks.
+        Its tiles then run only through gated_forward."""
+        if self.tiles is None or self.tile_kernel != "amx" or self.out_features % (2 * COLS):
+            return False
+        if self.io_dtype is not None or not gated_gemm_available():
+            return False
+        self.tiles, self.tile_bias = interleave_gate_up(self.tiles), interleave_gate_up(self.tile_bias)
+        self.gated = activation
+        return True
+
+    def gated_forward(self, x: torch.Tensor) -> torch.Tensor | None:
+        """act(gate) * up of x where this call runs on fused tiles (fuse_gated), else None."""
+        if self.gated is None or not self.on_tiles(x.shape[0]):
+            return None
+        return gated_gemm(x, self.tiles, self.tile_bias, self.out_features // 2, self.gated)
+
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         small = x.shape[0] <= SMALL_ROWS
         if self.on_tiles(x.shape[0]):
+            if self.gated is not None:
+                raise RuntimeError("these tiles are packed for the gated GEMM: call gated_forward")
             return bf16_gemm(x, self.tiles, self.tile_bias, self.out_features, kernel=self.tile_kernel)
         if self.panels is not None and (self.packed is None or self.invariant or small):
             return self._small_gemm(x)

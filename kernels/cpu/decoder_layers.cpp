@@ -1,6 +1,7 @@
 // Consecutive Llama-style decoder layers in one call, registered as torch.ops.bulkrun_cpu.decoder_layers:
 // per layer add-and-norm, the fused q/k/v projection, rotary, the KV write, paged attention, o,
-// add-and-norm, the fused gate/up projection, the gated activation and down, each the very op the
+// add-and-norm, the fused gate/up projection and the gated activation (one amx_gemm_gated where the
+// gate_up weights are packed for it: gate_up_gated), and down, each the very op the
 // Python layer calls (looked up in the dispatcher once), on the same inputs in the same order, so
 // the bits are the Python path's.
 //
@@ -35,10 +36,12 @@ using AttentionOp = void(const at::Tensor&, const at::Tensor&, const at::Tensor&
                          const at::Tensor&, const at::Tensor&, double, int64_t, const Optional&, double, bool,
                          at::Tensor&);
 using ActivationOp = void(const at::Tensor&, at::Tensor&);
+using GatedGemmOp = void(const at::Tensor&, const at::Tensor&, const Optional&, c10::string_view, at::Tensor&);
 
 // x, residual: the stream entering the first layer (x: the previous layer's output, overwritten);
 // per layer l: norms[2l], norms[2l+1] (input, post-attention), weights / biases[4l + 0..3] (qkv, o,
-// gate_up, down, packed for `gemm`), out_features[0..3] (the same for every layer), its caches.
+// gate_up, down, packed for `gemm`; gate_up_gated: gate_up's for amx_gemm_gated), out_features[0..3]
+// (the same for every layer), its caches.
 // Returns the last layer's output and the residual stream.
 std::tuple<at::Tensor, at::Tensor> decoder_layers(
     at::Tensor& x, at::Tensor& residual, at::TensorList norms, at::TensorList weights,
@@ -46,7 +49,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
     at::TensorList v_caches, c10::string_view gemm_kernel, c10::string_view activation, int64_t num_heads,
     int64_t num_kv_heads, int64_t head_dim, double eps, double scale, const at::Tensor& positions,
     const at::Tensor& cos_sin_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
-    const at::Tensor& query_start_loc, const at::Tensor& seq_lens, bool batch_invariant) {
+    const at::Tensor& query_start_loc, const at::Tensor& seq_lens, bool batch_invariant, bool gate_up_gated) {
   static const auto amx = find_op<GemmOp>("bulkrun_cpu::amx_gemm");
   static const auto dpbf16 = find_op<GemmOp>("bulkrun_cpu::dpbf16_gemm");
   static const auto rms_norm = find_op<NormOp>("bulkrun_cpu::rms_norm");
@@ -55,6 +58,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
   static const auto attention = find_op<AttentionOp>("bulkrun_cpu::paged_attention");
   static const auto silu = find_op<ActivationOp>("bulkrun_cpu::silu_and_mul");
   static const auto gelu_tanh = find_op<ActivationOp>("bulkrun_cpu::gelu_tanh_and_mul");
+  static const auto amx_gated = find_op<GatedGemmOp>("bulkrun_cpu::amx_gemm_gated");
 
   const int64_t layers = static_cast<int64_t>(k_caches.size());
   TORCH_CHECK(v_caches.size() == k_caches.size() && norms.size() == 2 * k_caches.size() &&
@@ -63,6 +67,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
   TORCH_CHECK(out_features.size() == 4, "decoder_layers: out_features of qkv, o, gate_up, down");
   TORCH_CHECK(gemm_kernel == "amx" || gemm_kernel == "dpbf16", "decoder_layers: gemm is amx or dpbf16");
   TORCH_CHECK(activation == "silu" || activation == "gelu_tanh", "decoder_layers: activation is silu or gelu_tanh");
+  TORCH_CHECK(!gate_up_gated || gemm_kernel == "amx", "decoder_layers: gated gate_up weights run on amx");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.is_contiguous(),
               "decoder_layers: x must be contiguous bf16 [T, hidden]");
   const auto& gemm = gemm_kernel == "amx" ? amx : dpbf16;
@@ -91,9 +96,13 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
                    batch_invariant, attended);
     at::Tensor o = linear(attended.view({tokens, q_size}), 4 * l + 1, 1);
     rms_norm.call(o, residual, norms[2 * l + 1], eps, o, residual);
-    at::Tensor gate_up = linear(o, 4 * l + 2, 2);
     at::Tensor gated = at::empty({tokens, out_features[2] / 2}, bf16);
-    act.call(gate_up, gated);
+    if (gate_up_gated) {
+      amx_gated.call(o, weights[4 * l + 2], biases.get(4 * l + 2), activation, gated);
+    } else {
+      at::Tensor gate_up = linear(o, 4 * l + 2, 2);
+      act.call(gate_up, gated);
+    }
     h = linear(gated, 4 * l + 3, 3);
   }
   return {h, residual};
@@ -106,7 +115,8 @@ TORCH_LIBRARY_FRAGMENT(bulkrun_cpu, m) {
   m.def("decoder_layers(Tensor(a!) x, Tensor(b!) residual, Tensor[] norms, Tensor[] weights, Tensor?[] biases, "
         "int[] out_features, Tensor[] k_caches, Tensor[] v_caches, str gemm, str activation, int num_heads, "
         "int num_kv_heads, int head_dim, float eps, float scale, Tensor positions, Tensor cos_sin_cache, "
-        "Tensor slot_mapping, Tensor block_tables, Tensor query_start_loc, Tensor seq_lens, bool batch_invariant) "
+        "Tensor slot_mapping, Tensor block_tables, Tensor query_start_loc, Tensor seq_lens, bool batch_invariant, "
+        "bool gate_up_gated) "
         "-> (Tensor, Tensor)");
 }
 

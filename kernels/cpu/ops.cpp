@@ -11,6 +11,7 @@
 #include <cstring>
 #include <vector>
 
+#include "gated_act.h"
 #include "vec_math.h"
 
 namespace bulkrun_cpu {
@@ -132,7 +133,7 @@ void rms_norm(const at::Tensor& x, const c10::optional<at::Tensor>& residual, co
 }
 
 // out = act(gate) * up for x = [gate | up] per row (a fused gate_up projection's output), 16
-// columns at a time; act takes a float or an F16 and computes each lane as it would the float.
+// columns at a time; act (gated_act.h) takes a float or an F16 and computes each lane as it would the float.
 template <typename Act>
 void gated_activation(const at::Tensor& x, at::Tensor& out, Act act) {
   check_rows(x, "x");
@@ -158,18 +159,9 @@ void gated_activation(const at::Tensor& x, at::Tensor& out, Act act) {
   });
 }
 
-void silu_and_mul(const at::Tensor& x, at::Tensor& out) {
-  gated_activation(x, out, [](auto g) { return g / (1.f + vec_exp(-g)); });
-}
+void silu_and_mul(const at::Tensor& x, at::Tensor& out) { gated_activation(x, out, Silu{}); }
 
-// GeGLU (Gemma): gelu with the tanh approximation, 0.5 g (1 + tanh(y)), y = sqrt(2/pi) (g + 0.044715 g^3),
-// written as g / (1 + e^-2y): no cancellation in the negative tail (1 + tanh(y) would lose it)
-void gelu_tanh_and_mul(const at::Tensor& x, at::Tensor& out) {
-  gated_activation(x, out, [](auto g) {
-    const auto y = 0.7978845608028654f * (g + 0.044715f * g * g * g);
-    return g / (1.f + vec_exp(-2.f * y));
-  });
-}
+void gelu_tanh_and_mul(const at::Tensor& x, at::Tensor& out) { gated_activation(x, out, GeluTanh{}); }
 
 // Rotate-half rotary embedding: out[t, h] = rotate(x[t, h]) by cache[positions[t]] = cos | sin over
 // the first 2 * half dims of each head; the `rest` dims after them pass through (partial rotary).

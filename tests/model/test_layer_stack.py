@@ -13,10 +13,11 @@ from helpers.models import VOCAB, build_tiny_model
 from bulkrun.engine.core.config import EngineConfig
 from bulkrun.engine.core.params import SamplingParams
 from bulkrun.engine.core.request import Request
+from bulkrun.engine.worker import loaded_model
 from bulkrun.engine.worker.runner import ModelRunner
 from bulkrun.engine.worker.step_inputs import build_step_inputs
 from bulkrun_kernels import cpu_build, cpu_dtype
-from bulkrun_kernels.cpu_gemm import fixed_order_bf16_kernel
+from bulkrun_kernels.cpu_gemm import fixed_order_bf16_kernel, gated_gemm_available
 
 BLOCK = 4
 
@@ -108,3 +109,20 @@ def test_a_step_of_many_rows_not_batch_invariant_runs_one_by_one(tmp_path):
     """Not invariant, a prompt step's linears run on oneDNN (Linear.on_tiles): the stack stands aside."""
     stack = _runner("llama", tmp_path, invariant=False).model._middle_stack()
     assert stack.runs(8) and not stack.runs(4096)
+
+
+@pytest.mark.skipif(not gated_gemm_available(), reason="no AMX here")
+@pytest.mark.parametrize("decode", [False, True])
+def test_gate_up_fused_with_its_activation_gives_the_unfused_bits(decode, tmp_path, monkeypatch):
+    """On AMX the gate_up tiles run as amx_gemm_gated (in the native stack and in the first and last
+    layers alike): the bits of the product, then the activation op."""
+    fused = _runner("llama", tmp_path / "fused")
+    assert all(layer.mlp.gate_up.gated == "silu" for layer in fused.model.layers)
+    assert fused.model._middle_stack().gate_up_gated
+    monkeypatch.setattr(loaded_model, "fuse_gated_mlps", lambda model: 0)
+    plain = _runner("llama", tmp_path / "plain")
+    assert not plain.model._middle_stack().gate_up_gated
+    for stacked in (True, False):
+        h, cache = _final_hidden(fused, stacked, decode)
+        h_plain, cache_plain = _final_hidden(plain, stacked, decode)
+        assert torch.equal(h, h_plain) and torch.equal(cache, cache_plain), stacked
