@@ -5,6 +5,7 @@ or, on CPUs without AMX, on AVX512-BF16 dot products (kernels/cpu/dpbf16_gemm.cp
     y = bf16_gemm(x, wp, bias, out_features)   # x [M, K] bf16 -> [M, N] bf16 (or out_dtype)
     h = gated_gemm(x, interleave_gate_up(wp), interleave_gate_up(bias), n // 2, "silu")  # AMX:
                                                # silu(gate) * up of a gate_up projection, in one pass
+    q = qkv_gemm(x, rotary_qkv_blocks(wp, h, hk, d), ...)  # AMX: q/k/v with rotary, k/v into the cache
 
 A row's output bits do not depend on M or on the other rows (the batch-invariance contract). The
 two kernels round alike but sum in their own order: a machine runs one of them, always the same.
@@ -32,6 +33,11 @@ def dpbf16_available() -> bool:
 def gated_gemm_available() -> bool:
     """Whether amx_gemm_gated (a gate_up projection with its gated activation) runs here."""
     return amx_available() and hasattr(torch.ops.bulkrun_cpu, "amx_gemm_gated")
+
+
+def qkv_gemm_available() -> bool:
+    """Whether amx_gemm_qkv (a q/k/v projection with rotary and the KV write) runs here."""
+    return amx_available() and hasattr(torch.ops.bulkrun_cpu, "amx_gemm_qkv")
 
 
 def fixed_order_bf16_kernel() -> str | None:
@@ -69,6 +75,28 @@ def interleave_gate_up(packed: torch.Tensor | None) -> torch.Tensor | None:
     half = blocks.shape[0] // 2
     out = torch.stack((blocks[:half], blocks[half:]), dim=1).reshape(blocks.shape).contiguous()
     return out.reshape(packed.shape)
+
+
+def rotary_qkv_blocks(
+    packed: torch.Tensor | None, num_heads: int, num_kv_heads: int, head_dim: int
+) -> torch.Tensor | None:
+    """A q/k/v projection's column blocks (as interleave_gate_up takes them) with each q and k head's
+    reordered for amx_gemm_qkv: the block of dims 16j.., then that of head_dim / 2 + 16j.., for
+    j = 0 .. head_dim / 32 - 1, so each pair of blocks holds what a rotate-half rotation mixes; the v
+    blocks as they are. head_dim must be a multiple of 32."""
+    if packed is None:
+        return None
+    if head_dim % (2 * COLS):
+        raise ValueError(f"the rotary q/k/v layout needs head_dim a multiple of {2 * COLS}, got {head_dim}")
+    blocks = packed.reshape(-1, COLS) if packed.dim() == 1 else packed
+    per_head, rotated = head_dim // COLS, num_heads + num_kv_heads
+    if blocks.shape[0] != (rotated + num_kv_heads) * per_head:
+        raise ValueError("the weight is not q | k | v heads of head_dim columns")
+    half = per_head // 2
+    within = [b for j in range(half) for b in (j, half + j)]  # one head's blocks, in the new order
+    order = [h * per_head + b for h in range(rotated) for b in within]
+    order += range(rotated * per_head, blocks.shape[0])
+    return blocks[order].contiguous().reshape(packed.shape)
 
 
 def pad_bias(bias: torch.Tensor | None, wp: torch.Tensor) -> torch.Tensor | None:
@@ -110,6 +138,25 @@ def gated_gemm(
     y = torch.empty(x.shape[0], out_features, dtype=torch.bfloat16)
     torch.ops.bulkrun_cpu.amx_gemm_gated.default(x, wp, bias, activation, y)
     return y
+
+
+def qkv_gemm(x: torch.Tensor, wp: torch.Tensor, bias: torch.Tensor | None, heads: tuple[int, int, int],
+             positions: torch.Tensor, cos_sin_cache: torch.Tensor, slot_mapping: torch.Tensor,
+             k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """q [M, num_heads, head_dim], rotated, of x times rotary_qkv_blocks' tiles (amx_gemm_qkv); k,
+    rotated, and v written to the caches at slot_mapping (rows < 0: not written). heads: (num_heads,
+    num_kv_heads, head_dim). The bits of bf16_gemm, rotary and write_kv."""
+    if x.dtype != torch.bfloat16:
+        raise TypeError(f"qkv_gemm takes bfloat16 input, got {x.dtype}")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    num_heads, num_kv_heads, head_dim = heads
+    q = torch.empty(x.shape[0], num_heads, head_dim, dtype=torch.bfloat16)
+    torch.ops.bulkrun_cpu.amx_gemm_qkv.default(
+        x, wp, bias, num_heads, num_kv_heads, head_dim, positions.long().contiguous(), cos_sin_cache.contiguous(),
+        slot_mapping.long().contiguous(), q, k_cache, v_cache,
+    )  # fmt: skip
+    return q
 
 
 @functools.cache

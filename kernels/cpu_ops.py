@@ -159,7 +159,8 @@ def decoder_layers(stack, x, residual, md, cos_sin_cache, kv_caches, batch_invar
         [k for k, _ in kv_caches], [v for _, v in kv_caches], stack.gemm, stack.activation,
         stack.num_heads, stack.num_kv_heads, stack.head_dim, stack.eps, stack.scale,
         md.rotary_rows.long().contiguous(), cos_sin_cache.contiguous(), md.slot_mapping.long().contiguous(),
-        _i32(md.block_tables), _i32(md.query_start_loc), _i32(md.seq_lens), batch_invariant, stack.gate_up_gated,
+        _i32(md.block_tables), _i32(md.query_start_loc), _i32(md.seq_lens), batch_invariant, stack.qkv_rotary,
+        stack.gate_up_gated,
     )  # fmt: skip
 
 

@@ -15,7 +15,7 @@ from torch import nn
 from bulkrun.model.attention_metadata import AttentionMetadata
 from bulkrun.model.config import ModelConfig
 from bulkrun.model.layer_stack import LayerStack, layer_stack
-from bulkrun.model.layers import param
+from bulkrun.model.layers import Attention, param
 from bulkrun.model.linear import Linear
 
 
@@ -122,6 +122,23 @@ class DecoderLM(nn.Module):
             x, residual = x.index_select(0, logits_indices), residual.index_select(0, logits_indices)
         # the head's input in the residual stream's dtype: the last norm's output is not rounded to bf16
         return self.ops.rms_norm(x.to(residual.dtype), self.norm, self.cfg.rms_norm_eps, residual)[0]
+
+    def fuse_qkv_rotary(self) -> int:
+        """Fuse each plain Attention's q/k/v projection with rotary and the KV write where the kernels
+        allow (Attention.fuse_rotary) and its rotary table is the fp32 one over whole heads; how many.
+        After packing; before the first step (the native stack reads the result)."""
+        table = getattr(self, "cos_sin_cache", None)
+        if table is None or table.dtype != torch.float32:
+            return 0
+        fused = 0
+        for layer in self.layers:
+            attn = getattr(layer, "attn", None)
+            if type(attn) is not Attention or table.shape[1] != attn.head_dim:
+                continue
+            if attn.window and self.local_cos_sin_cache is not None:  # rotates by the local table
+                continue
+            fused += attn.fuse_rotary()
+        return fused
 
     def _middle_stack(self) -> LayerStack | None:
         if not self._stack_built:

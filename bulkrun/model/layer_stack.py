@@ -29,6 +29,7 @@ class LayerStack:
     out_features: list[int]  # of qkv, o, gate_up, down (every layer alike)
     gemm: str  # the fixed-order GEMM kernel: "amx" or "dpbf16"
     activation: str  # "silu" or "gelu_tanh"
+    qkv_rotary: bool  # every q/k/v packed for the rotary GEMM (Linear.fuse_rotary), or none
     gate_up_gated: bool  # every gate_up packed for the gated GEMM (Linear.fuse_gated), or none
     num_heads: int
     num_kv_heads: int
@@ -67,8 +68,14 @@ def layer_stack(layers: list[nn.Module]) -> LayerStack | None:
         == (first.eps, attn.scale, first.mlp.op, [m.out_features for m in linears])
         for layer, ls in parts
     )
-    gated = {ls[2].gated for _, ls in parts}
-    if len(kernels) != 1 or not same or first.mlp.op not in _ACTIVATIONS or len(gated) != 1:
+    gated, rotary = {ls[2].gated for _, ls in parts}, {ls[0].rotary_heads for _, ls in parts}
+    if (
+        len(kernels) != 1
+        or not same
+        or first.mlp.op not in _ACTIVATIONS
+        or len(gated) != 1
+        or len(rotary) != 1
+    ):
         return None
     return LayerStack(
         norms=[
@@ -81,6 +88,7 @@ def layer_stack(layers: list[nn.Module]) -> LayerStack | None:
         out_features=[m.out_features for m in linears],
         gemm=kernels.pop(),
         activation=_ACTIVATIONS[first.mlp.op],
+        qkv_rotary=rotary.pop() is not None,
         gate_up_gated=gated.pop() is not None,
         num_heads=attn.num_heads,
         num_kv_heads=attn.num_kv_heads,

@@ -45,10 +45,15 @@ class Attention(nn.Module):
         self.k_norm = param(head_dim) if qk_norm else None
         self.sinks = param(num_heads) if sinks else None
 
-    def forward(
-        self, ops, x, md: AttentionMetadata, cos_sin, k_cache, v_cache, keep: SampledRows | None = None
-    ) -> torch.Tensor:
-        """keep: every row's K/V go to the cache, but the output is computed at these rows alone."""
+    def fuse_rotary(self) -> bool:
+        """Run q/k/v, rotary and the KV write as one GEMM where its tiles allow (Linear.fuse_rotary);
+        the caller vouches that this layer's rotary table covers whole heads in fp32 (DecoderLM)."""
+        if self.q_norm is not None:  # the norms come between the projection and the rotation
+            return False
+        return self.qkv.fuse_rotary(self.num_heads, self.num_kv_heads, self.head_dim)
+
+    def _project(self, ops, x, md: AttentionMetadata, cos_sin, k_cache, v_cache) -> torch.Tensor:
+        """q, rotated, [T, heads, head_dim]; k (rotated) and v written to the caches."""
         T = x.shape[0]
         qkv = self.qkv(x)
         q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
@@ -60,6 +65,17 @@ class Attention(nn.Module):
             k = ops.rms_norm(k.reshape(-1, self.head_dim), self.k_norm, self.eps)[0].view(k.shape)
         q, k = ops.rotary(q, k, md.rotary_rows, cos_sin, q_out=q, k_out=k)  # in place, as the norms
         ops.write_kv(k, v, k_cache, v_cache, md.slot_mapping)
+        return q
+
+    def forward(
+        self, ops, x, md: AttentionMetadata, cos_sin, k_cache, v_cache, keep: SampledRows | None = None
+    ) -> torch.Tensor:
+        """keep: every row's K/V go to the cache, but the output is computed at these rows alone."""
+        T = x.shape[0]
+        # on fused tiles (fuse_rotary) the projection rotates q and k and writes k and v itself
+        q = self.qkv.rotary_forward(x, md.rotary_rows, cos_sin, md.slot_mapping, k_cache, v_cache)
+        if q is None:
+            q = self._project(ops, x, md, cos_sin, k_cache, v_cache)
         query_start_loc, plan = md.query_start_loc, md.plan
         if keep is not None:  # the kept rows are each their sequence's last: its own query layout
             q, query_start_loc, plan = q.index_select(0, keep.rows), keep.query_start_loc, None

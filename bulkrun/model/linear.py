@@ -39,6 +39,9 @@ from bulkrun_kernels.cpu_gemm import (
     interleave_gate_up,
     pack_amx,
     pad_bias,
+    qkv_gemm,
+    qkv_gemm_available,
+    rotary_qkv_blocks,
 )
 
 PANEL = 32  # columns per panel of the native small_gemm layout
@@ -107,6 +110,9 @@ class Linear(nn.Module):
         self.tile_kernel: str | None = None  # the op that runs them: "amx" or "dpbf16" (cpu_gemm)
         # a gate_up projection whose tiles are packed for the gated GEMM (fuse_gated): its activation
         self.gated: str | None = None
+        # a q/k/v projection whose tiles are packed for the rotary GEMM (fuse_rotary): (num_heads,
+        # num_kv_heads, head_dim)
+        self.rotary_heads: tuple[int, int, int] | None = None
         self.invariant = True  # every row count takes one fixed-order kernel (set_batch_invariant)
         # where oneDNN has no bf16 path (AVX2 CPUs) a bf16 layer keeps fp32 weights and computes in
         # fp32: inputs and outputs stay in this dtype (pack_for_cpu's upcast)
@@ -150,11 +156,42 @@ class Linear(nn.Module):
             return None
         return gated_gemm(x, self.tiles, self.tile_bias, self.out_features // 2, self.gated)
 
+    def fuse_rotary(self, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+        """Pack this q/k/v projection's tiles for amx_gemm_qkv, which applies the rotate-half rotary
+        (over whole heads) to q and k and writes k and v into the KV cache (the bits of the product,
+        rotary and write_kv, without their passes over memory); True where it did: AMX tiles,
+        head_dim a multiple of 32. Its tiles then run only through rotary_forward."""
+        heads = (num_heads, num_kv_heads, head_dim)
+        if self.tiles is None or self.tile_kernel != "amx" or self.io_dtype is not None:
+            return False
+        if head_dim % (2 * COLS) or self.out_features != (num_heads + 2 * num_kv_heads) * head_dim:
+            return False
+        if not qkv_gemm_available():
+            return False
+        self.tiles, self.tile_bias = (
+            rotary_qkv_blocks(self.tiles, *heads),
+            rotary_qkv_blocks(self.tile_bias, *heads),
+        )
+        self.rotary_heads = heads
+        return True
+
+    def rotary_forward(
+        self, x, positions, cos_sin_cache, slot_mapping, k_cache, v_cache
+    ) -> torch.Tensor | None:
+        """q [T, heads, head_dim], rotated, where this call runs on fused tiles (fuse_rotary), k and v
+        then in the caches; else None."""
+        if self.rotary_heads is None or not self.on_tiles(x.shape[0]):
+            return None
+        return qkv_gemm(x, self.tiles, self.tile_bias, self.rotary_heads, positions, cos_sin_cache, slot_mapping,
+                        k_cache, v_cache)  # fmt: skip
+
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         small = x.shape[0] <= SMALL_ROWS
         if self.on_tiles(x.shape[0]):
-            if self.gated is not None:
-                raise RuntimeError("these tiles are packed for the gated GEMM: call gated_forward")
+            if self.gated is not None or self.rotary_heads is not None:
+                raise RuntimeError(
+                    "these tiles are packed for a fused GEMM: call gated_forward / rotary_forward"
+                )
             return bf16_gemm(x, self.tiles, self.tile_bias, self.out_features, kernel=self.tile_kernel)
         if self.panels is not None and (self.packed is None or self.invariant or small):
             return self._small_gemm(x)

@@ -27,6 +27,14 @@
 // would be, then act(gate) * up as silu_and_mul / gelu_tanh_and_mul compute it from that output:
 // the same bits as the two ops, without writing the [M, N] bf16 product and reading it back (at a
 // prompt step's 2,048 rows, 19 MB of traffic a layer, and the activation's own pass).
+//
+// amx_gemm_qkv: a fused q/k/v projection with the rotate-half rotary and the KV write in its
+// epilogue. Its weight has each q and k head's column blocks reordered (cpu_gemm.rotary_qkv_blocks:
+// the block of dims 16j .. 16j + 15, then the one of half + 16j .., j = 0 .. half / 16 - 1), so each
+// column-block pair holds the two halves the rotation mixes. Each is rounded to bf16 as the plain
+// GEMM's output, rotated by the row's position as ops.cpp's rotary rotates it, and written: q to
+// q_out, k straight into its row's cache slot, v copied into it. The bits of amx_gemm, rotary and
+// write_kv, without the passes of the two over a step's q/k/v (~0.8 ms a layer at 2,048 rows).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -129,17 +137,15 @@ void write_gated_block(const float* c, int64_t rows, const float* bias, bf16* y,
   }
 }
 
-struct NoAct {};
-
-// Act = NoAct: y = x W^T (+ bias); else y = act(gate) * up of a gate/up-interleaved weight (Y = bf16)
-template <typename Y, typename Act = NoAct>
-void gemm(const at::Tensor& x, const at::Tensor& wp, const float* bias, at::Tensor& y, Act act = {}) {
+// x W^T on the tiles, block by block; finish(c, m, p) takes each finished 32 x 32 fp32 block (rows
+// m .. m + 31, column-block pair p, rows 128 bytes apart) and writes it wherever its op writes.
+template <typename Finish>
+void gemm(const at::Tensor& x, const at::Tensor& wp, Finish finish) {
 #ifdef BULKRUN_AMX_TILES
-  const int64_t M = x.size(0), K = x.size(1), N = y.size(1), NB = wp.size(0), steps = K / kStep;
+  const int64_t M = x.size(0), K = x.size(1), NB = wp.size(0), steps = K / kStep;
   const bf16* xp = static_cast<const bf16*>(x.data_ptr());
   const bf16* w = static_cast<const bf16*>(wp.data_ptr());
-  Y* yp = static_cast<Y*>(y.data_ptr());
-  const int64_t ldx = x.stride(0), ldy = y.stride(0);
+  const int64_t ldx = x.stride(0);
   // the last partial 16-row block, zero-padded: a tile load must not read past x (its rows do not
   // touch the others': each C row comes from its own A row)
   const int64_t full = M / kTileRows * kTileRows;
@@ -148,21 +154,15 @@ void gemm(const at::Tensor& x, const at::Tensor& wp, const float* bias, at::Tens
   auto rows_at = [&](int64_t m) { return m < full ? xp + m * ldx : tail.data(); };
   auto stride_at = [&](int64_t m) { return static_cast<int64_t>((m < full ? ldx : K) * sizeof(bf16)); };
   const int64_t pairs = (NB + 1) / 2, panel = steps * kTileRows * kStep;
-  // C block (m, pair p) over K steps [k0, k1), then written out where k1 is the last step
+  // C block (m, pair p) over K steps [k0, k1), then finished where k1 is the last step
   auto run_block = [&](int64_t m, int64_t p, int64_t k0, int64_t k1, float* c) {
-    const int64_t nb = 2 * p, n0 = nb * kCols;
+    const int64_t nb = 2 * p;
     const bool two_rows = m + kTileRows < M;
     const int64_t m1 = two_rows ? m + kTileRows : m;
     const bf16* b0 = w + nb * panel + k0 * kTileRows * kStep;
     block(rows_at(m) + k0 * kStep, stride_at(m), rows_at(m1) + k0 * kStep, stride_at(m1), b0, b0 + panel, k1 - k0,
           two_rows, nb + 1 < NB, k0 == 0, c);
-    if (k1 < steps) return;
-    if constexpr (std::is_same_v<Act, NoAct>)
-      write_block(c, std::min(2 * kTileRows, M - m), std::min(2 * kCols, N - n0), bias ? bias + n0 : nullptr,
-                  yp + m * ldy + n0, ldy);
-    else
-      write_gated_block(c, std::min(2 * kTileRows, M - m), bias ? bias + n0 : nullptr, yp + m * ldy + p * kCols,
-                        ldy, act);
+    if (k1 == steps) finish(c, m, p);
   };
   if (M < kGroupedRows || steps == 0) {  // K = 0: nothing to chunk, y = the bias
     at::parallel_for(0, pairs, 1, [&](int64_t p0, int64_t p1) {
@@ -192,6 +192,18 @@ void gemm(const at::Tensor& x, const at::Tensor& wp, const float* bias, at::Tens
 #endif
 }
 
+// y = x W^T (+ bias), rounded once to Y
+template <typename Y>
+void plain_gemm(const at::Tensor& x, const at::Tensor& wp, const float* bias, at::Tensor& y) {
+  const int64_t M = x.size(0), N = y.size(1), ldy = y.stride(0);
+  Y* yp = static_cast<Y*>(y.data_ptr());
+  gemm(x, wp, [&](const float* c, int64_t m, int64_t p) {
+    const int64_t n0 = 2 * p * kCols;
+    write_block(c, std::min(2 * kTileRows, M - m), std::min(2 * kCols, N - n0), bias ? bias + n0 : nullptr,
+                yp + m * ldy + n0, ldy);
+  });
+}
+
 void amx_gemm(const at::Tensor& x, const at::Tensor& wp, const c10::optional<at::Tensor>& bias, at::Tensor& y) {
   const float* b = check_bf16_gemm_args("amx_gemm", x, wp, bias, y);
 #ifdef BULKRUN_AMX_TILES
@@ -199,9 +211,9 @@ void amx_gemm(const at::Tensor& x, const at::Tensor& wp, const c10::optional<at:
   TORCH_CHECK(amx_ready(), "amx_gemm: AMX is off here (BULKRUN_CPU_AMX=0, or the OS does not grant it)");
 #endif
   if (y.scalar_type() == at::kBFloat16)
-    gemm<bf16>(x, wp, b, y);
+    plain_gemm<bf16>(x, wp, b, y);
   else
-    gemm<float>(x, wp, b, y);
+    plain_gemm<float>(x, wp, b, y);
 }
 
 // y [M, N/2] = act(gate) * up of x times the interleaved gate/up weight wp (2 * N/2 / 16 column blocks)
@@ -216,10 +228,77 @@ void amx_gemm_gated(const at::Tensor& x, const at::Tensor& wp, const c10::option
 #ifdef BULKRUN_AMX_TILES
   TORCH_CHECK(amx_ready(), "amx_gemm_gated: AMX is off here (BULKRUN_CPU_AMX=0, or the OS does not grant it)");
 #endif
+  const int64_t M = x.size(0), ldy = y.stride(0);
+  bf16* yp = static_cast<bf16*>(y.data_ptr());
+  auto run = [&](auto act) {
+    gemm(x, wp, [&](const float* c, int64_t m, int64_t p) {
+      write_gated_block(c, std::min(2 * kTileRows, M - m), b ? b + 2 * p * kCols : nullptr, yp + m * ldy + p * kCols,
+                        ldy, act);
+    });
+  };
   if (activation == "silu")
-    gemm<bf16>(x, wp, b, y, Silu{});
+    run(Silu{});
   else
-    gemm<bf16>(x, wp, b, y, GeluTanh{});
+    run(GeluTanh{});
+}
+
+// q_out [M, H, D] and k / v into the caches [*, Hk * D] at slot_mapping's rows (< 0: not written)
+void amx_gemm_qkv(const at::Tensor& x, const at::Tensor& wp, const c10::optional<at::Tensor>& bias, int64_t num_heads,
+                  int64_t num_kv_heads, int64_t head_dim, const at::Tensor& positions, const at::Tensor& cos_sin_cache,
+                  const at::Tensor& slot_mapping, at::Tensor& q_out, at::Tensor& k_cache, at::Tensor& v_cache) {
+  const int64_t M = x.size(0), H = num_heads, Hk = num_kv_heads, D = head_dim, half = D / 2;
+  TORCH_CHECK(H > 0 && Hk > 0 && D > 0 && D % (2 * kCols) == 0, "amx_gemm_qkv: head_dim must be a multiple of 32");
+  const float* b = check_bf16_gemm_inputs("amx_gemm_qkv", x, wp, bias, (H + 2 * Hk) * D);
+  TORCH_CHECK(wp.size(0) * kCols == (H + 2 * Hk) * D, "amx_gemm_qkv: the weight must be q | k | v heads");
+  TORCH_CHECK(cos_sin_cache.scalar_type() == at::kFloat && cos_sin_cache.is_contiguous() && cos_sin_cache.dim() == 2 &&
+                  cos_sin_cache.size(1) == D,
+              "amx_gemm_qkv: the rotary cache must be float32 [positions, head_dim] (the rotation over the whole head)");
+  for (const at::Tensor* t : {&positions, &slot_mapping})
+    TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->numel() == M,
+                "amx_gemm_qkv: positions and slots must be int64, one per row");
+  TORCH_CHECK(q_out.scalar_type() == at::kBFloat16 && q_out.is_contiguous() && q_out.numel() == M * H * D,
+              "amx_gemm_qkv: q_out must be contiguous bf16 [M, H, D]");
+  for (const at::Tensor* t : {&k_cache, &v_cache})
+    TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->is_contiguous() && t->numel() % (Hk * D) == 0,
+                "amx_gemm_qkv: the KV cache must be contiguous bf16 rows of num_kv_heads * head_dim");
+  TORCH_CHECK(k_cache.numel() == v_cache.numel(), "amx_gemm_qkv: the K and V caches differ in size");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* slot = slot_mapping.data_ptr<int64_t>();
+  const int64_t slots = k_cache.numel() / (Hk * D), positions_held = cos_sin_cache.size(0);
+  for (int64_t t = 0; t < M; ++t) {
+    TORCH_CHECK(slot[t] < slots, "slot out of range");
+    TORCH_CHECK(pos[t] >= 0 && pos[t] < positions_held, "position out of the rotary cache");
+  }
+#ifdef BULKRUN_AMX_TILES
+  TORCH_CHECK(amx_ready(), "amx_gemm_qkv: AMX is off here (BULKRUN_CPU_AMX=0, or the OS does not grant it)");
+#endif
+  const float* table = cos_sin_cache.data_ptr<float>();
+  bf16* q = static_cast<bf16*>(q_out.data_ptr());
+  bf16* kc = static_cast<bf16*>(k_cache.data_ptr());
+  bf16* vc = static_cast<bf16*>(v_cache.data_ptr());
+  const int64_t per_head = half / kCols, q_pairs = H * per_head, k_pairs = Hk * per_head;
+  gemm(x, wp, [&](const float* c, int64_t m, int64_t p) {
+    const float* bp = b ? b + 2 * p * kCols : nullptr;
+    alignas(64) bf16 rounded[2 * kCols];
+    for (int64_t r = 0; r < std::min(2 * kTileRows, M - m); ++r) {
+      const int64_t t = m + r;
+      const bool is_q = p < q_pairs, is_k = !is_q && p < q_pairs + k_pairs;
+      if (!is_q && slot[t] < 0) continue;  // a padding row's k and v go nowhere
+      const float* src = c + r * 2 * kCols;
+      for (int h = 0; h < 2; ++h) store16(rounded + 16 * h, load16(src + 16 * h) + (bp ? load16(bp + 16 * h) : F16{}));
+      if (!is_q && !is_k) {  // v: 32 columns of the row's cache slot
+        std::memcpy(vc + slot[t] * Hk * D + (p - q_pairs - k_pairs) * 2 * kCols, rounded, sizeof(rounded));
+        continue;
+      }
+      const int64_t pair = is_q ? p : p - q_pairs, head = pair / per_head, j = kCols * (pair % per_head);
+      bf16* dst = is_q ? q + (t * H + head) * D : kc + (slot[t] * Hk + head) * D;
+      const float* cos = table + pos[t] * D;
+      const float* sin = cos + half;
+      const F16 a = load16(rounded), e = load16(rounded + kCols), co = load16(cos + j), si = load16(sin + j);
+      store16_nearest(dst + j, a * co - e * si);
+      store16_nearest(dst + half + j, e * co + a * si);
+    }
+  });
 }
 
 bool amx_gemm_available() {
@@ -237,9 +316,13 @@ TORCH_LIBRARY_FRAGMENT(bulkrun_cpu, m) {
   m.def("amx_gemm(Tensor x, Tensor wp, Tensor? bias, Tensor(a!) y) -> ()");
   m.def("amx_gemm_available() -> bool", &bulkrun_cpu::amx_gemm_available);
   m.def("amx_gemm_gated(Tensor x, Tensor wp, Tensor? bias, str activation, Tensor(a!) y) -> ()");
+  m.def("amx_gemm_qkv(Tensor x, Tensor wp, Tensor? bias, int num_heads, int num_kv_heads, int head_dim, "
+        "Tensor positions, Tensor cos_sin_cache, Tensor slot_mapping, Tensor(a!) q_out, Tensor(b!) k_cache, "
+        "Tensor(c!) v_cache) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(bulkrun_cpu, CPU, m) {
   m.impl("amx_gemm", &bulkrun_cpu::amx_gemm);
   m.impl("amx_gemm_gated", &bulkrun_cpu::amx_gemm_gated);
+  m.impl("amx_gemm_qkv", &bulkrun_cpu::amx_gemm_qkv);
 }

@@ -1,5 +1,6 @@
 // Consecutive Llama-style decoder layers in one call, registered as torch.ops.bulkrun_cpu.decoder_layers:
-// per layer add-and-norm, the fused q/k/v projection, rotary, the KV write, paged attention, o,
+// per layer add-and-norm, the fused q/k/v projection, rotary and the KV write (one amx_gemm_qkv where
+// the qkv weights are packed for it: qkv_rotary), paged attention, o,
 // add-and-norm, the fused gate/up projection and the gated activation (one amx_gemm_gated where the
 // gate_up weights are packed for it: gate_up_gated), and down, each the very op the
 // Python layer calls (looked up in the dispatcher once), on the same inputs in the same order, so
@@ -37,10 +38,13 @@ using AttentionOp = void(const at::Tensor&, const at::Tensor&, const at::Tensor&
                          at::Tensor&);
 using ActivationOp = void(const at::Tensor&, at::Tensor&);
 using GatedGemmOp = void(const at::Tensor&, const at::Tensor&, const Optional&, c10::string_view, at::Tensor&);
+using QkvGemmOp = void(const at::Tensor&, const at::Tensor&, const Optional&, int64_t, int64_t, int64_t, const at::Tensor&,
+                       const at::Tensor&, const at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&);
 
 // x, residual: the stream entering the first layer (x: the previous layer's output, overwritten);
 // per layer l: norms[2l], norms[2l+1] (input, post-attention), weights / biases[4l + 0..3] (qkv, o,
-// gate_up, down, packed for `gemm`; gate_up_gated: gate_up's for amx_gemm_gated), out_features[0..3]
+// gate_up, down, packed for `gemm`; qkv_rotary: qkv's for amx_gemm_qkv; gate_up_gated: gate_up's for
+// amx_gemm_gated), out_features[0..3]
 // (the same for every layer), its caches.
 // Returns the last layer's output and the residual stream.
 std::tuple<at::Tensor, at::Tensor> decoder_layers(
@@ -49,7 +53,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
     at::TensorList v_caches, c10::string_view gemm_kernel, c10::string_view activation, int64_t num_heads,
     int64_t num_kv_heads, int64_t head_dim, double eps, double scale, const at::Tensor& positions,
     const at::Tensor& cos_sin_cache, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
-    const at::Tensor& query_start_loc, const at::Tensor& seq_lens, bool batch_invariant, bool gate_up_gated) {
+    const at::Tensor& query_start_loc, const at::Tensor& seq_lens, bool batch_invariant, bool qkv_rotary, bool gate_up_gated) {
   static const auto amx = find_op<GemmOp>("bulkrun_cpu::amx_gemm");
   static const auto dpbf16 = find_op<GemmOp>("bulkrun_cpu::dpbf16_gemm");
   static const auto rms_norm = find_op<NormOp>("bulkrun_cpu::rms_norm");
@@ -59,6 +63,7 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
   static const auto silu = find_op<ActivationOp>("bulkrun_cpu::silu_and_mul");
   static const auto gelu_tanh = find_op<ActivationOp>("bulkrun_cpu::gelu_tanh_and_mul");
   static const auto amx_gated = find_op<GatedGemmOp>("bulkrun_cpu::amx_gemm_gated");
+  static const auto amx_qkv = find_op<QkvGemmOp>("bulkrun_cpu::amx_gemm_qkv");
 
   const int64_t layers = static_cast<int64_t>(k_caches.size());
   TORCH_CHECK(v_caches.size() == k_caches.size() && norms.size() == 2 * k_caches.size() &&
@@ -67,7 +72,8 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
   TORCH_CHECK(out_features.size() == 4, "decoder_layers: out_features of qkv, o, gate_up, down");
   TORCH_CHECK(gemm_kernel == "amx" || gemm_kernel == "dpbf16", "decoder_layers: gemm is amx or dpbf16");
   TORCH_CHECK(activation == "silu" || activation == "gelu_tanh", "decoder_layers: activation is silu or gelu_tanh");
-  TORCH_CHECK(!gate_up_gated || gemm_kernel == "amx", "decoder_layers: gated gate_up weights run on amx");
+  TORCH_CHECK((!gate_up_gated && !qkv_rotary) || gemm_kernel == "amx",
+              "decoder_layers: gated gate_up and rotary qkv weights run on amx");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && x.dim() == 2 && x.is_contiguous(),
               "decoder_layers: x must be contiguous bf16 [T, hidden]");
   const auto& gemm = gemm_kernel == "amx" ? amx : dpbf16;
@@ -84,13 +90,19 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
   at::Tensor h = x;
   for (int64_t l = 0; l < layers; ++l) {
     rms_norm.call(h, residual, norms[2 * l], eps, h, residual);  // h = norm(h + residual), in place
-    at::Tensor qkv = linear(h, 4 * l, 0);
-    at::Tensor q = qkv.narrow(1, 0, q_size).view({tokens, num_heads, head_dim});
-    at::Tensor k = qkv.narrow(1, q_size, kv_size).view({tokens, num_kv_heads, head_dim});
-    at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({tokens, num_kv_heads, head_dim});
-    rotary.call(q, k, positions, cos_sin_cache, q, k);
-    at::Tensor k_cache = k_caches[l], v_cache = v_caches[l];
-    write_kv.call(k, v, k_cache, v_cache, slot_mapping);
+    at::Tensor k_cache = k_caches[l], v_cache = v_caches[l], q;
+    if (qkv_rotary) {
+      q = at::empty({tokens, num_heads, head_dim}, bf16);
+      amx_qkv.call(h, weights[4 * l], biases.get(4 * l), num_heads, num_kv_heads, head_dim, positions, cos_sin_cache,
+                   slot_mapping, q, k_cache, v_cache);
+    } else {
+      at::Tensor qkv = linear(h, 4 * l, 0);
+      q = qkv.narrow(1, 0, q_size).view({tokens, num_heads, head_dim});
+      at::Tensor k = qkv.narrow(1, q_size, kv_size).view({tokens, num_kv_heads, head_dim});
+      at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({tokens, num_kv_heads, head_dim});
+      rotary.call(q, k, positions, cos_sin_cache, q, k);
+      write_kv.call(k, v, k_cache, v_cache, slot_mapping);
+    }
     at::Tensor attended = at::empty({tokens, num_heads, head_dim}, bf16);
     attention.call(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, 0, c10::nullopt, 0.0,
                    batch_invariant, attended);
@@ -116,7 +128,7 @@ TORCH_LIBRARY_FRAGMENT(bulkrun_cpu, m) {
         "int[] out_features, Tensor[] k_caches, Tensor[] v_caches, str gemm, str activation, int num_heads, "
         "int num_kv_heads, int head_dim, float eps, float scale, Tensor positions, Tensor cos_sin_cache, "
         "Tensor slot_mapping, Tensor block_tables, Tensor query_start_loc, Tensor seq_lens, bool batch_invariant, "
-        "bool gate_up_gated) "
+        "bool qkv_rotary, bool gate_up_gated) "
         "-> (Tensor, Tensor)");
 }
 

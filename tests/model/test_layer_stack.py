@@ -16,8 +16,9 @@ from bulkrun.engine.core.request import Request
 from bulkrun.engine.worker import loaded_model
 from bulkrun.engine.worker.runner import ModelRunner
 from bulkrun.engine.worker.step_inputs import build_step_inputs
+from bulkrun.model.decoder import DecoderLM
 from bulkrun_kernels import cpu_build, cpu_dtype
-from bulkrun_kernels.cpu_gemm import fixed_order_bf16_kernel, gated_gemm_available
+from bulkrun_kernels.cpu_gemm import fixed_order_bf16_kernel, gated_gemm_available, qkv_gemm_available
 
 BLOCK = 4
 
@@ -111,18 +112,29 @@ def test_a_step_of_many_rows_not_batch_invariant_runs_one_by_one(tmp_path):
     assert stack.runs(8) and not stack.runs(4096)
 
 
-@pytest.mark.skipif(not gated_gemm_available(), reason="no AMX here")
+# heads of 32 dims: the rotary q/k/v GEMM needs head_dim a multiple of 32 (the tiny models' is 16)
+HEADS32 = {"hidden_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1}
+
+
+@pytest.mark.skipif(not (gated_gemm_available() and qkv_gemm_available()), reason="no AMX here")
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])  # qwen2: q/k/v biases
 @pytest.mark.parametrize("decode", [False, True])
-def test_gate_up_fused_with_its_activation_gives_the_unfused_bits(decode, tmp_path, monkeypatch):
-    """On AMX the gate_up tiles run as amx_gemm_gated (in the native stack and in the first and last
-    layers alike): the bits of the product, then the activation op."""
-    fused = _runner("llama", tmp_path / "fused")
+def test_fused_gemms_give_the_unfused_bits(kind, decode, tmp_path, monkeypatch):
+    """On AMX q/k/v runs as amx_gemm_qkv (rotary and the KV write in its epilogue) and gate_up as
+    amx_gemm_gated, in the native stack and in the first and last layers alike: the bits of the
+    plain GEMMs, then the ops."""
+    fused = _runner(kind, tmp_path / "fused", **HEADS32)
     assert all(layer.mlp.gate_up.gated == "silu" for layer in fused.model.layers)
-    assert fused.model._middle_stack().gate_up_gated
+    assert all(layer.attn.qkv.rotary_heads == (2, 1, 32) for layer in fused.model.layers)
+    stack = fused.model._middle_stack()
+    assert stack.gate_up_gated and stack.qkv_rotary
     monkeypatch.setattr(loaded_model, "fuse_gated_mlps", lambda model: 0)
-    plain = _runner("llama", tmp_path / "plain")
-    assert not plain.model._middle_stack().gate_up_gated
+    monkeypatch.setattr(DecoderLM, "fuse_qkv_rotary", lambda model: 0)
+    plain = _runner(kind, tmp_path / "plain", **HEADS32)
+    stack = plain.model._middle_stack()
+    assert not stack.gate_up_gated and not stack.qkv_rotary
     for stacked in (True, False):
         h, cache = _final_hidden(fused, stacked, decode)
         h_plain, cache_plain = _final_hidden(plain, stacked, decode)
         assert torch.equal(h, h_plain) and torch.equal(cache, cache_plain), stacked
+        assert cache.abs().sum() > 0

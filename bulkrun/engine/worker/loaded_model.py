@@ -19,6 +19,7 @@ from bulkrun.engine.core.config import EngineConfig
 from bulkrun.engine.tokenizer import load_tokenizer
 from bulkrun.engine.worker.cpu_env import keep_freed_memory
 from bulkrun.engine.worker.device import resolve_device
+from bulkrun.model.decoder import DecoderLM
 from bulkrun.model.greedy_head import build_greedy_head
 from bulkrun.model.layers import fuse_gated_mlps
 from bulkrun.model.linear import pack_linears_for_cpu, set_batch_invariant
@@ -113,8 +114,10 @@ def _load(model_dir: str, config: EngineConfig) -> LoadedModel:
     greedy_head = build_greedy_head(model, device, dtype, ops.backend)
     set_batch_invariant(model, config.batch_invariant)
     onednn = device.type == "cpu" and pack_linears_for_cpu(model)
-    if onednn:
-        fuse_gated_mlps(model)  # after packing: it reorders the gate_up tiles
+    if onednn:  # after packing: these reorder the tiles of gate_up and q/k/v
+        fuse_gated_mlps(model)
+        if isinstance(model, DecoderLM):
+            model.fuse_qkv_rotary()
     return LoadedModel(
         tokenizer, ops, device, dtype, dtype_reason, model, greedy_head, onednn, config.batch_invariant
     )
