@@ -31,6 +31,9 @@ GROUPS = {
     "bulkrun_cpu::amx_gemm": "linears",
     "bulkrun_cpu::dpbf16_gemm": "linears",
     "bulkrun_cpu::small_gemm": "linears",
+    # the GEMMs with an op in their epilogue: that op's time counts as the linears' (AMX boxes)
+    "bulkrun_cpu::amx_gemm_gated": "linears",
+    "bulkrun_cpu::amx_gemm_qkv": "linears",
     "aten::addmm": "linears",
     "aten::mm": "linears",
     "aten::linear": "linears",
