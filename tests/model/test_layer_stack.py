@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 import torch
-from helpers.models import VOCAB, build_tiny_model
+from helpers.models import VOCAB, _longrope, build_tiny_model
 
 from bulkrun.engine.core.config import EngineConfig
 from bulkrun.engine.core.params import SamplingParams
@@ -116,23 +116,46 @@ def test_a_step_of_many_rows_not_batch_invariant_runs_one_by_one(tmp_path):
 HEADS32 = {"hidden_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1}
 
 
+# llama, qwen2 (q/k/v biases): the native stack's recipe; the others, their layers one by one:
+# windows, LongRoPE's rows, a partial rotary (phi4_mini: not fused), GeGLU with soft-caps (gemma2),
+# experts, sinks
+FUSED_KINDS = [
+    "llama",
+    "qwen2",
+    "mistral",
+    "phi3",
+    "phi3_longrope",
+    "phi4_mini",
+    "gemma2",
+    "mixtral",
+    "gpt_oss",
+]
+
+
 @pytest.mark.skipif(not (gated_gemm_available() and qkv_gemm_available()), reason="no AMX here")
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])  # qwen2: q/k/v biases
+@pytest.mark.parametrize("kind", FUSED_KINDS)
 @pytest.mark.parametrize("decode", [False, True])
 def test_fused_gemms_give_the_unfused_bits(kind, decode, tmp_path, monkeypatch):
     """On AMX q/k/v runs as amx_gemm_qkv (rotary and the KV write in its epilogue) and gate_up as
-    amx_gemm_gated, in the native stack and in the first and last layers alike: the bits of the
-    plain GEMMs, then the ops."""
-    fused = _runner(kind, tmp_path / "fused", **HEADS32)
-    assert all(layer.mlp.gate_up.gated == "silu" for layer in fused.model.layers)
-    assert all(layer.attn.qkv.rotary_heads == (2, 1, 32) for layer in fused.model.layers)
-    stack = fused.model._middle_stack()
-    assert stack.gate_up_gated and stack.qkv_rotary
+    amx_gemm_gated, in the native stack and in the layers one by one alike: the bits of the plain
+    GEMMs, then the ops."""
+    config = {**HEADS32, "head_dim": 32}
+    if kind == "phi3_longrope":  # its factors: one per rotated dim pair
+        config["rope_parameters"] = _longrope(16)
+    if kind == "phi4_mini":
+        config["rope_parameters"] = _longrope(12, attention_factor=1.1)
+    fused = _runner(kind, tmp_path / "fused", **config)
+    if kind in ("llama", "qwen2"):
+        assert all(layer.mlp.gate_up.gated == "silu" for layer in fused.model.layers)
+        assert all(layer.attn.qkv.rotary_heads == (2, 1, 32) for layer in fused.model.layers)
+        stack = fused.model._middle_stack()
+        assert stack.gate_up_gated and stack.qkv_rotary
+    if kind == "phi4_mini":  # its rotary covers 3/4 of each head
+        assert all(layer.attn.qkv.rotary_heads is None for layer in fused.model.layers)
     monkeypatch.setattr(loaded_model, "fuse_gated_mlps", lambda model: 0)
     monkeypatch.setattr(DecoderLM, "fuse_qkv_rotary", lambda model: 0)
-    plain = _runner(kind, tmp_path / "plain", **HEADS32)
-    stack = plain.model._middle_stack()
-    assert not stack.gate_up_gated and not stack.qkv_rotary
+    plain = _runner(kind, tmp_path / "plain", **config)
+    assert all(getattr(m, "rotary_heads", None) is None for m in plain.model.modules())
     for stacked in (True, False):
         h, cache = _final_hidden(fused, stacked, decode)
         h_plain, cache_plain = _final_hidden(plain, stacked, decode)
