@@ -3,9 +3,12 @@ or, on CPUs without AMX, on AVX512-BF16 dot products (kernels/cpu/dpbf16_gemm.cp
 
     wp = pack_amx(weight)                      # once per weight: [N, K] -> [ceil(N/16), K/32, 16, 32]
     y = bf16_gemm(x, wp, bias, out_features)   # x [M, K] bf16 -> [M, N] bf16 (or out_dtype)
-    h = gated_gemm(x, interleave_gate_up(wp), interleave_gate_up(bias), n // 2, "silu")  # AMX:
-                                               # silu(gate) * up of a gate_up projection, in one pass
-    q = qkv_gemm(x, rotary_qkv_blocks(wp, h, hk, d), ...)  # AMX: q/k/v with rotary, k/v into the cache
+
+On AMX, two projections with an op in the GEMM's epilogue (the bits of the GEMM, then the op):
+
+    act = gated_gemm(x, interleave_gate_up(wp), interleave_gate_up(bias), n // 2, "silu")  # gate_up
+    q = qkv_gemm(x, rotary_qkv_blocks(wp, *heads), rotary_qkv_blocks(bias, *heads), heads,
+                 positions, cos_sin_cache, slot_mapping, k_cache, v_cache)  # q/k/v, rotary, KV write
 
 A row's output bits do not depend on M or on the other rows (the batch-invariance contract). The
 two kernels round alike but sum in their own order: a machine runs one of them, always the same.
