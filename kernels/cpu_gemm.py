@@ -66,18 +66,30 @@ def pack_amx(weight: torch.Tensor) -> torch.Tensor:
     return tiles.reshape(blocks, k // STEP, STEP // 2, 2 * COLS).contiguous()
 
 
-def interleave_gate_up(packed: torch.Tensor | None) -> torch.Tensor | None:
-    """A gate_up projection's column blocks (dim 0 of pack_amx's tiles, or of pad_bias's bias viewed
-    as [NB, 16]) from all gate blocks, then all up blocks, to gate 0, up 0, gate 1, up 1, ...:
-    amx_gemm_gated's layout. The gate half must be whole blocks (intermediate size a multiple of 16)."""
+def _block_count(packed: torch.Tensor) -> int:
+    """Column blocks of pack_amx's tiles (dim 0) or of pad_bias's bias ([NB * 16])."""
+    return packed.numel() // COLS if packed.dim() == 1 else packed.shape[0]
+
+
+def _reorder_blocks(packed: torch.Tensor | None, order: list[int]) -> torch.Tensor | None:
+    """Tiles or padded bias with their column blocks in `order` (None stays None)."""
     if packed is None:
         return None
     blocks = packed.reshape(-1, COLS) if packed.dim() == 1 else packed
-    if blocks.shape[0] % 2:
+    return blocks[order].contiguous().reshape(packed.shape)
+
+
+def interleave_gate_up(packed: torch.Tensor | None) -> torch.Tensor | None:
+    """A gate_up projection's column blocks (pack_amx's tiles, or pad_bias's bias) from all gate
+    blocks, then all up blocks, to gate 0, up 0, gate 1, up 1, ...: amx_gemm_gated's layout. The gate
+    half must be whole blocks (intermediate size a multiple of 16)."""
+    if packed is None:
+        return None
+    count = _block_count(packed)
+    if count % 2:
         raise ValueError("gate_up's halves must be whole column blocks of 16")
-    half = blocks.shape[0] // 2
-    out = torch.stack((blocks[:half], blocks[half:]), dim=1).reshape(blocks.shape).contiguous()
-    return out.reshape(packed.shape)
+    half = count // 2
+    return _reorder_blocks(packed, [b for j in range(half) for b in (j, half + j)])
 
 
 def rotary_qkv_blocks(
@@ -91,15 +103,13 @@ def rotary_qkv_blocks(
         return None
     if head_dim % (2 * COLS):
         raise ValueError(f"the rotary q/k/v layout needs head_dim a multiple of {2 * COLS}, got {head_dim}")
-    blocks = packed.reshape(-1, COLS) if packed.dim() == 1 else packed
-    per_head, rotated = head_dim // COLS, num_heads + num_kv_heads
-    if blocks.shape[0] != (rotated + num_kv_heads) * per_head:
+    per_head, rotated, count = head_dim // COLS, num_heads + num_kv_heads, _block_count(packed)
+    if count != (rotated + num_kv_heads) * per_head:
         raise ValueError("the weight is not q | k | v heads of head_dim columns")
     half = per_head // 2
     within = [b for j in range(half) for b in (j, half + j)]  # one head's blocks, in the new order
     order = [h * per_head + b for h in range(rotated) for b in within]
-    order += range(rotated * per_head, blocks.shape[0])
-    return blocks[order].contiguous().reshape(packed.shape)
+    return _reorder_blocks(packed, order + list(range(rotated * per_head, count)))
 
 
 def pad_bias(bias: torch.Tensor | None, wp: torch.Tensor) -> torch.Tensor | None:

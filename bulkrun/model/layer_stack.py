@@ -18,8 +18,6 @@ from torch import nn
 from bulkrun.model.layers import GatedMLP
 from bulkrun.model.linear import Linear
 
-_ACTIVATIONS = {"silu_and_mul": "silu", "gelu_tanh_and_mul": "gelu_tanh"}
-
 
 @dataclass(frozen=True, slots=True)
 class LayerStack:
@@ -64,18 +62,12 @@ def layer_stack(layers: list[nn.Module]) -> LayerStack | None:
     attn = first.attn
     kernels = {m.tile_kernel for _, ls in parts for m in ls}
     same = all(
-        (layer.eps, layer.attn.scale, layer.mlp.op, [m.out_features for m in ls])
-        == (first.eps, attn.scale, first.mlp.op, [m.out_features for m in linears])
+        (layer.eps, layer.attn.scale, layer.mlp.activation, [m.out_features for m in ls])
+        == (first.eps, attn.scale, first.mlp.activation, [m.out_features for m in linears])
         for layer, ls in parts
     )
     gated, rotary = {ls[2].gated for _, ls in parts}, {ls[0].rotary_heads for _, ls in parts}
-    if (
-        len(kernels) != 1
-        or not same
-        or first.mlp.op not in _ACTIVATIONS
-        or len(gated) != 1
-        or len(rotary) != 1
-    ):
+    if len(kernels) != 1 or not same or len(gated) != 1 or len(rotary) != 1:
         return None
     return LayerStack(
         norms=[
@@ -87,7 +79,7 @@ def layer_stack(layers: list[nn.Module]) -> LayerStack | None:
         biases=[m.tile_bias for _, ls in parts for m in ls],
         out_features=[m.out_features for m in linears],
         gemm=kernels.pop(),
-        activation=_ACTIVATIONS[first.mlp.op],
+        activation=first.mlp.activation,
         qkv_rotary=rotary.pop() is not None,
         gate_up_gated=gated.pop() is not None,
         num_heads=attn.num_heads,

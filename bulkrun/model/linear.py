@@ -137,14 +137,16 @@ class Linear(nn.Module):
         """Whether a call of this many rows runs the fixed-order bf16 GEMM (its tiles)."""
         return self.tiles is not None and (self.invariant or self.packed is None or rows <= SMALL_ROWS)
 
+    def _bf16_amx_tiles(self) -> bool:
+        """Whether this layer runs on AMX tiles in bf16: what the fused GEMMs take."""
+        return self.tiles is not None and self.tile_kernel == "amx" and self.io_dtype is None
+
     def fuse_gated(self, activation: str) -> bool:
         """Pack this gate_up projection's tiles for amx_gemm_gated, which applies the gated
         activation to its own output (the bits of the product then the activation op, without the
         product's pass through memory); True where it did: AMX tiles, each half whole column blocks.
         Its tiles then run only through gated_forward."""
-        if self.tiles is None or self.tile_kernel != "amx" or self.out_features % (2 * COLS):
-            return False
-        if self.io_dtype is not None or not gated_gemm_available():
+        if not self._bf16_amx_tiles() or self.out_features % (2 * COLS) or not gated_gemm_available():
             return False
         self.tiles, self.tile_bias = interleave_gate_up(self.tiles), interleave_gate_up(self.tile_bias)
         self.gated = activation
@@ -162,11 +164,9 @@ class Linear(nn.Module):
         rotary and write_kv, without their passes over memory); True where it did: AMX tiles,
         head_dim a multiple of 32. Its tiles then run only through rotary_forward."""
         heads = (num_heads, num_kv_heads, head_dim)
-        if self.tiles is None or self.tile_kernel != "amx" or self.io_dtype is not None:
+        if not self._bf16_amx_tiles() or head_dim % (2 * COLS) or not qkv_gemm_available():
             return False
-        if head_dim % (2 * COLS) or self.out_features != (num_heads + 2 * num_kv_heads) * head_dim:
-            return False
-        if not qkv_gemm_available():
+        if self.out_features != (num_heads + 2 * num_kv_heads) * head_dim:
             return False
         self.tiles, self.tile_bias = (
             rotary_qkv_blocks(self.tiles, *heads),

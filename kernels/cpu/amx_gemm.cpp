@@ -43,13 +43,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <string_view>
-#include <type_traits>
 #include <vector>
 
 #include "amx_tiles.h"
 #include "bf16_gemm_args.h"
-#include "gated_act.h"
+#include "epilogue_math.h"
 #include "vec_math.h"
 
 namespace bulkrun_cpu {
@@ -122,16 +120,24 @@ void write_block(const float* c, int64_t rows, int64_t cols, const float* bias, 
   }
 }
 
+// Row r of a 32 x 32 fp32 block (+ bias) as the plain GEMM's bf16 output holds it (write_block's
+// rounding), in `rounded`; returns its two 16-column halves widened again, the fused ops' inputs.
+inline void round_row(const float* c, int64_t r, const float* bias, bf16 (&rounded)[2 * kCols], F16& first,
+                      F16& second) {
+  const float* src = c + r * 2 * kCols;
+  for (int h = 0; h < 2; ++h) store16(rounded + 16 * h, load16(src + 16 * h) + (bias ? load16(bias + 16 * h) : F16{}));
+  first = load16(rounded);
+  second = load16(rounded + kCols);
+}
+
 // The gated activation of a 32 x 32 fp32 block whose columns 0-15 are gate and 16-31 up (+ bias) ->
-// 16 columns of y: both rounded to bf16 (store16, as write_block), then act(gate) * up rounded as
-// gated_activation (ops.cpp) rounds it.
+// 16 columns of y: act(gate) * up of the rounded halves, rounded as gated_activation (ops.cpp) rounds it.
 template <typename Act>
 void write_gated_block(const float* c, int64_t rows, const float* bias, bf16* y, int64_t ldy, Act act) {
   alignas(64) bf16 rounded[2 * kCols];
   for (int64_t r = 0; r < rows; ++r) {
-    const float* src = c + r * 2 * kCols;
-    for (int h = 0; h < 2; ++h) store16(rounded + 16 * h, load16(src + 16 * h) + (bias ? load16(bias + 16 * h) : F16{}));
-    const F16 gate = load16(rounded), up = load16(rounded + kCols);
+    F16 gate, up;
+    round_row(c, r, bias, rounded, gate, up);
     bf16* dst = y + r * ldy;
     store_row_nearest([&](auto&& store) { store(dst, act(gate) * up); });
   }
@@ -279,24 +285,30 @@ void amx_gemm_qkv(const at::Tensor& x, const at::Tensor& wp, const c10::optional
   const int64_t per_head = half / kCols, q_pairs = H * per_head, k_pairs = Hk * per_head;
   gemm(x, wp, [&](const float* c, int64_t m, int64_t p) {
     const float* bp = b ? b + 2 * p * kCols : nullptr;
+    const int64_t rows = std::min(2 * kTileRows, M - m);
     alignas(64) bf16 rounded[2 * kCols];
-    for (int64_t r = 0; r < std::min(2 * kTileRows, M - m); ++r) {
-      const int64_t t = m + r;
-      const bool is_q = p < q_pairs, is_k = !is_q && p < q_pairs + k_pairs;
-      if (!is_q && slot[t] < 0) continue;  // a padding row's k and v go nowhere
-      const float* src = c + r * 2 * kCols;
-      for (int h = 0; h < 2; ++h) store16(rounded + 16 * h, load16(src + 16 * h) + (bp ? load16(bp + 16 * h) : F16{}));
-      if (!is_q && !is_k) {  // v: 32 columns of the row's cache slot
-        std::memcpy(vc + slot[t] * Hk * D + (p - q_pairs - k_pairs) * 2 * kCols, rounded, sizeof(rounded));
-        continue;
+    F16 first, second;
+    if (p >= q_pairs + k_pairs) {  // v: 32 columns of each row's cache slot
+      const int64_t col = (p - q_pairs - k_pairs) * 2 * kCols;
+      for (int64_t r = 0; r < rows; ++r) {
+        if (slot[m + r] < 0) continue;  // a padding row's k and v go nowhere
+        round_row(c, r, bp, rounded, first, second);
+        std::memcpy(vc + slot[m + r] * Hk * D + col, rounded, sizeof(rounded));
       }
-      const int64_t pair = is_q ? p : p - q_pairs, head = pair / per_head, j = kCols * (pair % per_head);
+      return;
+    }
+    const bool is_q = p < q_pairs;
+    const int64_t pair = is_q ? p : p - q_pairs, head = pair / per_head, j = kCols * (pair % per_head);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t t = m + r;
+      if (!is_q && slot[t] < 0) continue;
+      round_row(c, r, bp, rounded, first, second);
       bf16* dst = is_q ? q + (t * H + head) * D : kc + (slot[t] * Hk + head) * D;
       const float* cos = table + pos[t] * D;
-      const float* sin = cos + half;
-      const F16 a = load16(rounded), e = load16(rounded + kCols), co = load16(cos + j), si = load16(sin + j);
-      store16_nearest(dst + j, a * co - e * si);
-      store16_nearest(dst + half + j, e * co + a * si);
+      F16 r1, r2;
+      rotate_half(first, second, load16(cos + j), load16(cos + half + j), r1, r2);
+      store16_nearest(dst + j, r1);
+      store16_nearest(dst + half + j, r2);
     }
   });
 }

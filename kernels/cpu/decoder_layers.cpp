@@ -1,8 +1,8 @@
 // Consecutive Llama-style decoder layers in one call, registered as torch.ops.bulkrun_cpu.decoder_layers:
 // per layer add-and-norm, the fused q/k/v projection, rotary and the KV write (one amx_gemm_qkv where
-// the qkv weights are packed for it: qkv_rotary), paged attention, o,
-// add-and-norm, the fused gate/up projection and the gated activation (one amx_gemm_gated where the
-// gate_up weights are packed for it: gate_up_gated), and down, each the very op the
+// the qkv weights are packed for it: qkv_rotary), paged attention, o, add-and-norm, the fused gate/up
+// projection and the gated activation (one amx_gemm_gated where the gate_up weights are packed for
+// it: gate_up_gated), and down, each the very op the
 // Python layer calls (looked up in the dispatcher once), on the same inputs in the same order, so
 // the bits are the Python path's.
 //
@@ -44,8 +44,7 @@ using QkvGemmOp = void(const at::Tensor&, const at::Tensor&, const Optional&, in
 // x, residual: the stream entering the first layer (x: the previous layer's output, overwritten);
 // per layer l: norms[2l], norms[2l+1] (input, post-attention), weights / biases[4l + 0..3] (qkv, o,
 // gate_up, down, packed for `gemm`; qkv_rotary: qkv's for amx_gemm_qkv; gate_up_gated: gate_up's for
-// amx_gemm_gated), out_features[0..3]
-// (the same for every layer), its caches.
+// amx_gemm_gated), out_features[0..3] (the same for every layer), its caches.
 // Returns the last layer's output and the residual stream.
 std::tuple<at::Tensor, at::Tensor> decoder_layers(
     at::Tensor& x, at::Tensor& residual, at::TensorList norms, at::TensorList weights,

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <vector>
 
-#include "gated_act.h"
+#include "epilogue_math.h"
 #include "vec_math.h"
 
 namespace bulkrun_cpu {
@@ -133,7 +133,7 @@ void rms_norm(const at::Tensor& x, const c10::optional<at::Tensor>& residual, co
 }
 
 // out = act(gate) * up for x = [gate | up] per row (a fused gate_up projection's output), 16
-// columns at a time; act (gated_act.h) takes a float or an F16 and computes each lane as it would the float.
+// columns at a time; act (epilogue_math.h) takes a float or an F16 and computes each lane as it would the float.
 template <typename Act>
 void gated_activation(const at::Tensor& x, at::Tensor& out, Act act) {
   check_rows(x, "x");
@@ -176,14 +176,16 @@ void rotate(const T* x, T* out, int64_t x_head_stride, int64_t out_head_stride, 
     T* o1 = out + hd * out_head_stride;
     T* o2 = o1 + half;
     for (int64_t j = 0; j < half16; j += 16) {
-      const F16 a = load16(x1 + j), b = load16(x2 + j), c = load16(cos + j), s = load16(sin + j);
-      store16_nearest(o1 + j, a * c - b * s);
-      store16_nearest(o2 + j, b * c + a * s);
+      F16 r1, r2;
+      rotate_half(load16(x1 + j), load16(x2 + j), load16(cos + j), load16(sin + j), r1, r2);
+      store16_nearest(o1 + j, r1);
+      store16_nearest(o2 + j, r2);
     }
     for (int64_t j = half16; j < half; ++j) {
-      const float a = to_float(x1[j]), b = to_float(x2[j]), c = to_float(cos[j]), s = to_float(sin[j]);
-      o1[j] = from_float<T>(a * c - b * s);
-      o2[j] = from_float<T>(b * c + a * s);
+      float r1, r2;
+      rotate_half(to_float(x1[j]), to_float(x2[j]), to_float(cos[j]), to_float(sin[j]), r1, r2);
+      o1[j] = from_float<T>(r1);
+      o2[j] = from_float<T>(r2);
     }
     if (rest > 0 && o1 != x1) std::memcpy(o1 + 2 * half, x1 + 2 * half, rest * sizeof(T));
   }

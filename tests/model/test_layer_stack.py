@@ -132,7 +132,9 @@ FUSED_KINDS = [
 ]
 
 
-@pytest.mark.skipif(not (gated_gemm_available() and qkv_gemm_available()), reason="no AMX here")
+@pytest.mark.skipif(
+    not (gated_gemm_available() and qkv_gemm_available()), reason="the fused GEMMs run on AMX tiles only"
+)
 @pytest.mark.parametrize("kind", FUSED_KINDS)
 @pytest.mark.parametrize("decode", [False, True])
 def test_fused_gemms_give_the_unfused_bits(kind, decode, tmp_path, monkeypatch):

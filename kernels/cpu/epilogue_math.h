@@ -1,6 +1,6 @@
-// The gated activations of a fused gate_up projection, act(gate) * up: one definition for the
-// standalone ops (ops.cpp) and the GEMM that applies them to its own output (amx_gemm.cpp), so the
-// two give the same bits. Each takes a float or an F16 and computes each lane as it would the float.
+// The element-wise math both the standalone ops (ops.cpp) and the GEMMs that apply it to their own
+// output (amx_gemm.cpp) compute: one definition, so the two give the same bits. Each takes a float
+// or an F16 and computes each lane as it would the float.
 #pragma once
 
 #include "vec_math.h"
@@ -24,5 +24,13 @@ struct GeluTanh {
     return g / (1.f + vec_exp(-2.f * y));
   }
 };
+
+// Rotate-half rotary of one pair of lanes (x1 from a head's first half, x2 the same dims of its
+// second) by cos / sin: (x1 c - x2 s, x2 c + x1 s)
+template <typename V>
+inline void rotate_half(V x1, V x2, V c, V s, V& o1, V& o2) {
+  o1 = x1 * c - x2 * s;
+  o2 = x2 * c + x1 * s;
+}
 
 }  // namespace bulkrun_cpu
